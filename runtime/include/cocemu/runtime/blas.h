@@ -1,0 +1,26 @@
+#pragma once
+/// OpenBLAS, used single-threaded from every thread that runs GEMMs (rank threads and stream
+/// workers): with 8 ranks on few cores, parallelism comes from the ranks, and the openmp variant
+/// of OpenBLAS would otherwise start a team per caller (≈7× slower on 2 cores).
+#include <string>
+
+#include "cocemu/runtime/tensor.h"
+
+namespace cocemu::blas {
+
+/// Makes OpenBLAS calls from the current thread single-threaded. Called by every worker.
+void init_thread();
+/// Threads OpenBLAS would use for a call from the current thread.
+int threads();
+/// 0 = sequential, 1 = pthreads, 2 = OpenMP (OpenBLAS's openblas_get_parallel()).
+int parallel_mode();
+/// OpenBLAS's configuration string (version, kernel family).
+std::string config();
+
+/// C = alpha·A·op(B) + beta·C, row-major. A is [m,k]; B is [k,n] or, with `transpose_b`, [n,k];
+/// C is [m,n]. f32 and f64 use OpenBLAS; f16/bf16 operands are converted to f32 and the result
+/// rounded once.
+void gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool transpose_b = false,
+          double alpha = 1.0, double beta = 0.0);
+
+}  // namespace cocemu::blas

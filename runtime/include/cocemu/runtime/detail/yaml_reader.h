@@ -1,0 +1,48 @@
+#pragma once
+/// Strict YAML reading: every key must be known, every required key present, every number in
+/// range; errors name file:line. Shared by all configuration parsers.
+#include <yaml-cpp/yaml.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cocemu/runtime/error.h"
+
+namespace cocemu::detail {
+
+class YamlReader {
+ public:
+  YamlReader(YAML::Node node, std::string file, std::string path);
+  /// Parses text; syntax errors become parse errors with file:line.
+  static YamlReader parse(const std::string& text, const std::string& file);
+
+  bool has(const std::string& key) const;
+  double number(const std::string& key, double min, double max);
+  double number_or(const std::string& key, double fallback, double min, double max);
+  std::int64_t integer(const std::string& key, std::int64_t min, std::int64_t max);
+  bool boolean(const std::string& key);
+  bool boolean_or(const std::string& key, bool fallback);
+  std::string string(const std::string& key);
+  std::string string_or(const std::string& key, const std::string& fallback);
+  YamlReader map(const std::string& key);
+  std::vector<YamlReader> sequence(const std::string& key);
+  /// Keys of this map, in file order (each marked as used).
+  std::vector<std::string> keys();
+  /// Throws for every key not consumed by the calls above.
+  void finish() const;
+
+  const YAML::Node& node() const { return node_; }
+  std::string where(const YAML::Node& n) const;
+  std::string where() const { return where(node_); }
+  const std::string& file() const { return file_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  YAML::Node get(const std::string& key);
+  YAML::Node node_;
+  std::string file_, path_;
+  std::set<std::string> used_;
+};
+
+}  // namespace cocemu::detail

@@ -1,0 +1,101 @@
+#pragma once
+/// The modeled device timeline. While a program runs, every op (kernel, collective, copy, host
+/// launch, wait) is recorded with its dependencies and its cost at full speed. Because ops are
+/// recorded by each rank's host thread in program order, the graph does not depend on how threads
+/// were scheduled; `simulate` then computes every op's modeled start and end from the graph alone:
+///  - an op starts no earlier than the previous op on its lane (stream or host), its dependencies
+///    (events waited on, its host launch) and, for collectives, every participant (rendezvous);
+///  - a collective (all ops sharing a rendezvous key) starts and ends at the same time on all
+///  ranks;
+///  - compute and comm running at once on one rank slow each other by the profile's contention
+///    factors, and several ops of one class on a rank share it equally.
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cocemu {
+
+enum class OpClass : std::uint8_t {
+  host,     ///< host-side launch work (advances the host clock)
+  compute,  ///< a kernel on a compute engine
+  comm,     ///< a collective or transfer on the links
+  fused,    ///< a fused compute+comm kernel (its pipeline is priced inside its cost)
+  wait,     ///< waits for dependencies; no work of its own
+};
+const char* to_string(OpClass c);
+
+/// Identifies one recorded op: its rank and its index in that rank's record.
+struct OpRef {
+  int rank = -1;
+  std::uint32_t index = 0;
+  bool valid() const { return rank >= 0; }
+  bool operator==(const OpRef&) const = default;
+};
+
+/// Ops that must run as one transfer: every op carrying `key` starts together; exactly `members`
+/// ops must carry it (a collective: one per group member; a send/recv pair: two).
+struct Rendezvous {
+  std::string key;
+  int members = 2;
+};
+
+struct OpRecord {
+  int rank = 0;
+  int lane = 0;  ///< 0 = host, 1.. = streams in creation order
+  std::uint32_t index = 0;
+  OpClass cls = OpClass::compute;
+  std::string name;
+  double work_ns = 0;  ///< duration at full speed, from the cost model
+  std::vector<OpRef> deps;
+  std::vector<Rendezvous> rendezvous;  ///< ops sharing a key run as one collective
+  std::uint64_t bytes = 0;
+  std::uint64_t flops = 0;
+  std::string detail;  ///< e.g. the collective algorithm
+  /// Named parts of the op (collective rounds, pipeline steps) and their share of the duration.
+  std::vector<std::pair<std::string, double>> phases;
+  std::int64_t wall_start_ns = -1;  ///< host wall clock, filled by the stream worker
+  std::int64_t wall_end_ns = -1;
+};
+
+struct RankGraph {
+  std::deque<OpRecord> ops;  ///< deque: stable addresses while the host appends
+  std::vector<std::string> lane_names{"host"};
+};
+
+struct ModelGraph {
+  std::vector<RankGraph> ranks;
+  const OpRecord& op(OpRef r) const { return ranks[r.rank].ops[r.index]; }
+};
+
+struct ContentionModel {
+  double compute_slowdown = 1.0;  ///< compute runs 1/x as fast while comm is active on its rank
+  double comm_slowdown = 1.0;     ///< comm runs 1/x as fast while compute is active on its rank
+};
+
+struct ScheduledOp {
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;
+};
+
+/// Modeled start and end of every op of a graph.
+class Timeline {
+ public:
+  Timeline() = default;
+  Timeline(std::vector<std::vector<ScheduledOp>> times) : times_(std::move(times)) {}
+  const ScheduledOp& at(OpRef r) const { return times_[r.rank][r.index]; }
+  const std::vector<ScheduledOp>& rank(int r) const { return times_[r]; }
+  int n_ranks() const { return int(times_.size()); }
+  /// Latest end over all ops (0 for an empty graph).
+  std::int64_t makespan_ns() const;
+
+ private:
+  std::vector<std::vector<ScheduledOp>> times_;
+};
+
+/// Computes the modeled schedule. Throws `Errc::internal` if the graph cannot complete (a
+/// collective some rank never joined), naming the stuck ops.
+Timeline simulate(const ModelGraph& graph, const ContentionModel& contention);
+
+}  // namespace cocemu

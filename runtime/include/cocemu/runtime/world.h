@@ -1,0 +1,211 @@
+#pragma once
+/// The emulated node: `run(n, fn)` starts n rank threads, each with a compute and a comm stream
+/// (in-order queues executed by worker threads, asynchronous to the host thread and ordered
+/// against each other only by events — CUDA/CANN semantics). Every op is recorded into a model
+/// graph whose schedule gives the modeled device timeline (see graph.h).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/graph.h"
+#include "cocemu/runtime/profile.h"
+#include "cocemu/runtime/sync.h"
+
+namespace cocemu {
+
+class Rank;
+class Stream;
+class World;
+namespace detail {
+struct StreamImpl;
+}
+
+/// What the cost model and the trace need to know about one op.
+struct OpSpec {
+  std::string name;  ///< shown in the trace: "matmul[2/4] 4096x1024x1280"
+  OpClass cls = OpClass::compute;
+  double work_ns = 0;  ///< duration at full speed
+  LaunchKind launch = LaunchKind::kernel;
+  std::uint64_t bytes = 0;
+  std::uint64_t flops = 0;
+  std::string detail;
+  std::vector<Rendezvous> rendezvous;  ///< collectives: one key shared by all participants
+  std::vector<OpRef> deps;             ///< extra modeled dependencies
+  std::vector<std::pair<std::string, double>> phases;
+};
+
+/// A point in a stream's sequence of ops (CUDA's cudaEvent_t after cudaEventRecord).
+class Event {
+ public:
+  Event() = default;
+  /// True when every op enqueued on the stream before `record` has finished.
+  bool query() const;
+  /// Blocks the host until then (bounded by the wait timeout). Modeled as a host-side wait.
+  void synchronize() const;
+  bool valid() const { return stream_ != nullptr; }
+  /// The recorded op this event completes with (invalid if the stream was empty).
+  OpRef op() const { return op_; }
+
+ private:
+  friend class Stream;
+  detail::StreamImpl* stream_ = nullptr;
+  std::uint32_t target_ = 0;
+  OpRef op_;
+};
+
+class Stream {
+ public:
+  const std::string& name() const;
+  int lane() const;
+  Rank& rank() const;
+
+  /// Enqueues `fn` to run after everything enqueued before it. The op is priced by `spec`; its
+  /// host launch advances the rank's modeled host clock. In dry-run mode `fn` is not called.
+  OpRef launch(OpSpec spec, std::function<void()> fn);
+  /// Records an event after all ops enqueued so far.
+  Event record();
+  /// Device-side wait: ops enqueued later on this stream start after `event` (host not blocked).
+  void wait(const Event& event);
+  /// Blocks the host until every op enqueued so far has finished; rethrows a failed op's error.
+  void synchronize();
+  /// True if every op enqueued so far has finished.
+  bool query() const;
+
+ private:
+  friend class Rank;
+  explicit Stream(std::unique_ptr<detail::StreamImpl> impl);
+  std::unique_ptr<detail::StreamImpl> impl_;
+
+ public:
+  ~Stream();
+  Stream(Stream&&) noexcept;
+};
+
+struct WorldOptions {
+  int n_ranks = 8;
+  /// Device profile; empty means `configs/devices/ascend-910b.yaml`.
+  std::shared_ptr<const DeviceProfile> profile;
+  bool numerics = true;       ///< false: dry-run (shapes only, numerics skipped)
+  bool deterministic = true;  ///< reductions sum in rank order (see collectives)
+  std::chrono::milliseconds timeout = default_timeout();
+  std::uint64_t schedule_seed = default_schedule_seed();
+  bool record_wall_times = true;
+};
+
+/// Everything a finished run leaves behind: the recorded graph and its modeled schedule.
+struct RunResult {
+  std::shared_ptr<const DeviceProfile> profile;
+  ModelGraph graph;
+  Timeline timeline;
+  bool numerics = true;
+  std::int64_t wall_ns = 0;
+};
+
+class Rank {
+ public:
+  int id() const { return id_; }
+  int world_size() const;
+  World& world() const { return *world_; }
+  const DeviceProfile& profile() const;
+  bool numerics() const;
+  bool deterministic() const;
+
+  Stream& compute_stream() { return *streams_[0]; }
+  Stream& comm_stream() { return *streams_[1]; }
+  /// Creates another stream (its own worker and lane).
+  Stream& new_stream(const std::string& name);
+  /// The stream that ops of the current phase go to (PyTorch's current stream); compute by default.
+  Stream& current_stream() { return *current_; }
+  void set_current_stream(Stream& s) { current_ = &s; }
+  /// Blocks until every stream of this rank is idle.
+  void synchronize();
+
+  /// Records a host-side op (used for launches and host waits); returns its ref.
+  OpRef record_host(OpSpec spec);
+  /// Appends an op record on a lane; used by streams. Not for general use.
+  OpRecord& append_op(int lane, OpSpec&& spec);
+  RankGraph& graph();
+  /// Per-rank counter under `key`, starting at 0: matches the n-th collective setup call of every
+  /// rank (group creation, symmetric allocation) without any communication.
+  std::uint64_t next_sequence(const std::string& key) { return sequences_[key]++; }
+  /// Sets what this thread is doing, for timeout reports ("all_reduce seq 4 on group 0 …").
+  void note_activity(std::string text);
+
+  ~Rank();
+  Rank(World& world, int id);
+
+ private:
+  World* world_;
+  int id_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  Stream* current_ = nullptr;
+  WaitScope host_scope_;
+  std::unordered_map<std::string, std::uint64_t> sequences_;
+  std::unique_ptr<ScopedWaitScope> host_scope_guard_;
+};
+
+/// Shared state of one run. Ranks reach each other only through it.
+class World {
+ public:
+  explicit World(const WorldOptions& options);
+  ~World();
+
+  int size() const { return options_.n_ranks; }
+  const WorldOptions& options() const { return options_; }
+  const DeviceProfile& profile() const { return *options_.profile; }
+
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  /// Records a rank's failure (the first primary failure wins) and wakes every wait.
+  void abort(int rank, std::exception_ptr error);
+  [[noreturn]] void throw_remote_failure(int rank, const std::string& waiting_for) const;
+  /// One line per rank and lane: what each was last doing.
+  std::string status_report() const;
+  void set_activity(int rank, int lane, std::string text);
+
+  /// Get-or-create a shared object under `key`; all ranks asking for one key get one object.
+  template <class T, class Make>
+  std::shared_ptr<T> shared(const std::string& key, Make&& make) {
+    std::lock_guard lock(shared_mu_);
+    auto& slot = shared_[key];
+    if (!slot) slot = std::static_pointer_cast<void>(std::shared_ptr<T>(make()));
+    return std::static_pointer_cast<T>(slot);
+  }
+
+  std::int64_t wall_now_ns() const;
+  ModelGraph& graph() { return graph_; }
+  std::exception_ptr first_error() const;
+  int first_error_rank() const;
+
+ private:
+  WorldOptions options_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex error_mu_;
+  std::exception_ptr first_error_;
+  int first_error_rank_ = -1;
+  bool first_error_primary_ = false;
+  mutable std::mutex activity_mu_;
+  std::vector<std::vector<std::string>> activity_;  // [rank][lane]
+  std::mutex shared_mu_;
+  std::unordered_map<std::string, std::shared_ptr<void>> shared_;
+  ModelGraph graph_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+/// Runs `fn` on n rank threads and returns when all have finished (their streams drained). If a
+/// rank throws, every other rank is woken from its waits and unwound, and `run` rethrows the
+/// first failure as an `Error` naming the rank. The result holds the modeled timeline.
+RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn);
+RunResult run(int n_ranks, const std::function<void(Rank&)>& fn);
+
+/// The default device profile (ascend-910b), loaded once.
+std::shared_ptr<const DeviceProfile> default_profile();
+
+}  // namespace cocemu

@@ -1,0 +1,70 @@
+#include "cocemu/runtime/blas.h"
+
+#include <cblas.h>
+
+namespace cocemu::blas {
+
+void init_thread() {
+  openblas_set_num_threads(1);
+}
+int threads() {
+  return openblas_get_num_threads();
+}
+int parallel_mode() {
+  return openblas_get_parallel();
+}
+std::string config() {
+  return openblas_get_config();
+}
+
+namespace {
+void check_shapes(const Tensor& a, const Tensor& b, const Tensor& c, bool tb, std::int64_t& m,
+                  std::int64_t& n, std::int64_t& k) {
+  COCEMU_CHECK_ARG(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
+                   "gemm needs 2-D operands, got A {}, B {}, C {}", a.describe(), b.describe(),
+                   c.describe());
+  m = a.size(0);
+  k = a.size(1);
+  n = tb ? b.size(0) : b.size(1);
+  const std::int64_t kb = tb ? b.size(1) : b.size(0);
+  COCEMU_CHECK_ARG(kb == k && c.size(0) == m && c.size(1) == n,
+                   "gemm shapes disagree: A {} B {}{} C {} (expected C [{}, {}] and B's k = {})",
+                   a.describe(), b.describe(), tb ? " (transposed)" : "", c.describe(), m, n, k);
+  COCEMU_CHECK_ARG(a.dtype() == b.dtype() && a.dtype() == c.dtype(),
+                   "gemm dtypes disagree: A {}, B {}, C {}", a.describe(), b.describe(),
+                   c.describe());
+}
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool tb, double alpha, double beta) {
+  std::int64_t m, n, k;
+  check_shapes(a, b, c, tb, m, n, k);
+  if (!a.has_data() || m == 0 || n == 0) return;
+  const auto trans = tb ? CblasTrans : CblasNoTrans;
+  const int ldb = int(tb ? k : n);
+  switch (a.dtype()) {
+    case DType::f32:
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, trans, int(m), int(n), int(k), float(alpha),
+                  a.data<float>(), int(k), b.data<float>(), ldb, float(beta), c.data<float>(),
+                  int(n));
+      return;
+    case DType::f64:
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, trans, int(m), int(n), int(k), alpha,
+                  a.data<double>(), int(k), b.data<double>(), ldb, beta, c.data<double>(), int(n));
+      return;
+    case DType::f16:
+    case DType::bf16: {
+      Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32), c32 = c.to(DType::f32);
+      gemm(a32, b32, c32, tb, alpha, beta);
+      c.copy_from(c32.to(c.dtype()));
+      return;
+    }
+    default:
+      COCEMU_FAIL(Errc::invalid_argument,
+                  "gemm does not support dtype {}; allowed: f32, f64, f16, "
+                  "bf16",
+                  name_of(a.dtype()));
+  }
+}
+
+}  // namespace cocemu::blas

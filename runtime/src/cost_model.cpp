@@ -1,0 +1,44 @@
+#include "cocemu/runtime/cost_model.h"
+
+#include <algorithm>
+
+namespace cocemu {
+
+double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
+                       DType dtype) {
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  double eff = p.gemm.max_efficiency;
+  if (p.gemm.half_efficiency_flops > 0) eff *= flops / (flops + p.gemm.half_efficiency_flops);
+  const std::uint64_t e = size_of(dtype), a = p.gemm.alignment_bytes;
+  if ((std::uint64_t(k) * e) % a != 0 || (std::uint64_t(n) * e) % a != 0)
+    eff *= p.gemm.unaligned_efficiency;
+  return eff;
+}
+
+double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
+               DType dtype) {
+  if (m == 0 || n == 0) return p.kernel_min_ns;
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const double compute = flops / (p.peak(dtype) * gemm_efficiency(p, m, n, k, dtype)) * 1e9;
+  const double bytes = double(size_of(dtype)) * double(m * k + k * n + m * n);
+  const double memory = bytes / p.memory_bandwidth * 1e9;
+  return std::max({compute, memory, p.kernel_min_ns});
+}
+
+double memory_ns(const DeviceProfile& p, std::uint64_t bytes) {
+  return std::max(double(bytes) / p.memory_bandwidth * 1e9, p.kernel_min_ns);
+}
+
+double launch_ns(const DeviceProfile& p, LaunchKind kind) {
+  switch (kind) {
+    case LaunchKind::none:
+      return 0;
+    case LaunchKind::kernel:
+      return p.launch_overhead_ns;
+    case LaunchKind::fused:
+      return p.fused_launch_overhead_ns;
+  }
+  return 0;
+}
+
+}  // namespace cocemu

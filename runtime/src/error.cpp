@@ -1,0 +1,40 @@
+#include "cocemu/runtime/error.h"
+
+#include <cstring>
+
+namespace cocemu {
+
+const char* to_string(Errc code) {
+  switch (code) {
+    case Errc::invalid_argument:
+      return "invalid argument";
+    case Errc::mismatch:
+      return "mismatch";
+    case Errc::timeout:
+      return "timeout";
+    case Errc::remote_failure:
+      return "remote failure";
+    case Errc::parse_error:
+      return "parse error";
+    case Errc::rank_exception:
+      return "exception in rank";
+    case Errc::internal:
+      return "internal error";
+  }
+  return "unknown";
+}
+
+namespace detail {
+void fail(Errc code, const char* condition, const char* file, int line, std::string message) {
+  const char* base = std::strrchr(file, '/');
+  base = base ? base + 1 : file;
+  if (condition && *condition)
+    message +=
+        fmt::format(" [{}: check `{}` failed at {}:{}]", to_string(code), condition, base, line);
+  else
+    message += fmt::format(" [{} at {}:{}]", to_string(code), base, line);
+  throw Error(code, std::move(message));
+}
+}  // namespace detail
+
+}  // namespace cocemu

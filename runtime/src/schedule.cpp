@@ -1,0 +1,261 @@
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/graph.h"
+
+namespace cocemu {
+
+const char* to_string(OpClass c) {
+  switch (c) {
+    case OpClass::host:
+      return "host";
+    case OpClass::compute:
+      return "compute";
+    case OpClass::comm:
+      return "comm";
+    case OpClass::fused:
+      return "fused";
+    case OpClass::wait:
+      return "wait";
+  }
+  return "?";
+}
+
+std::int64_t Timeline::makespan_ns() const {
+  std::int64_t m = 0;
+  for (const auto& r : times_)
+    for (const auto& s : r)
+      m = std::max(m, s.end_ns);
+  return m;
+}
+
+namespace {
+
+/// Event-driven simulation state. Ops are numbered globally; a "job" is either one op or a whole
+/// rendezvous group, which starts when all its members can and progresses at its slowest rate.
+struct Sim {
+  const ModelGraph& g;
+  ContentionModel cm;
+  std::vector<std::size_t> base;  // global id of each rank's first op
+  std::vector<const OpRecord*> ops;
+  std::vector<int> unmet;                      // prerequisites not yet done
+  std::vector<std::vector<std::size_t>> succ;  // ops waiting on this one
+  std::vector<int> job_of;                     // job index per op
+  std::vector<std::vector<std::size_t>> jobs;  // member ops per job
+  std::vector<int> job_ready;                  // members whose prerequisites are met
+  std::vector<double> job_left;                // remaining work (ns at full speed)
+  std::vector<double> start, end, lane_free;   // lane_free: when the lane predecessor ended
+  std::vector<char> done;
+  std::vector<int> running;  // job ids
+  std::vector<std::size_t> to_start;
+
+  explicit Sim(const ModelGraph& graph, ContentionModel c) : g(graph), cm(c) {}
+
+  std::size_t id(OpRef r) const { return base[r.rank] + r.index; }
+
+  void build() {
+    std::size_t n = 0;
+    for (const auto& rg : g.ranks) {
+      base.push_back(n);
+      n += rg.ops.size();
+    }
+    ops.reserve(n);
+    for (const auto& rg : g.ranks)
+      for (const auto& op : rg.ops)
+        ops.push_back(&op);
+    unmet.assign(n, 0);
+    succ.assign(n, {});
+    start.assign(n, 0);
+    end.assign(n, 0);
+    lane_free.assign(n, -1);
+    done.assign(n, 0);
+    // Lane order.
+    for (std::size_t r = 0; r < g.ranks.size(); ++r) {
+      std::unordered_map<int, std::size_t> last;
+      for (const auto& op : g.ranks[r].ops) {
+        const std::size_t me = base[r] + op.index;
+        if (auto it = last.find(op.lane); it != last.end()) {
+          succ[it->second].push_back(me);
+          ++unmet[me];
+        }
+        last[op.lane] = me;
+        for (const OpRef& d : op.deps) {
+          COCEMU_CHECK(d.rank >= 0 && std::size_t(d.rank) < g.ranks.size() &&
+                           d.index < g.ranks[d.rank].ops.size(),
+                       Errc::internal, "op '{}' on rank {} depends on a missing op", op.name, r);
+          succ[id(d)].push_back(me);
+          ++unmet[me];
+        }
+      }
+    }
+    // Rendezvous groups via union-find over shared keys.
+    std::vector<std::size_t> parent(n);
+    std::iota(parent.begin(), parent.end(), 0);
+    auto find = [&](std::size_t x) {
+      while (parent[x] != x)
+        x = parent[x] = parent[parent[x]];
+      return x;
+    };
+    std::unordered_map<std::string, std::size_t> first;
+    std::unordered_map<std::string, int> joined;
+    for (std::size_t i = 0; i < n; ++i)
+      for (const auto& rv : ops[i]->rendezvous) {
+        auto [it, inserted] = first.emplace(rv.key, i);
+        ++joined[rv.key];
+        if (!inserted) parent[find(i)] = find(it->second);
+      }
+    for (std::size_t i = 0; i < n; ++i)
+      for (const auto& rv : ops[i]->rendezvous)
+        COCEMU_CHECK(joined[rv.key] == rv.members, Errc::mismatch,
+                     "modeled schedule: '{}' on rank {} ('{}') expects {} participants, {} joined "
+                     "(a collective or send/recv that not every participant called)",
+                     rv.key, ops[i]->rank, ops[i]->name, rv.members, joined[rv.key]);
+    job_of.assign(n, -1);
+    std::unordered_map<std::size_t, int> job_of_root;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t root = find(i);
+      auto [it, inserted] = job_of_root.emplace(root, int(jobs.size()));
+      if (inserted) {
+        jobs.emplace_back();
+        job_left.push_back(0);
+      }
+      job_of[i] = it->second;
+      jobs[it->second].push_back(i);
+      job_left[it->second] = std::max(job_left[it->second], std::max(0.0, ops[i]->work_ns));
+    }
+    job_ready.assign(jobs.size(), 0);
+  }
+
+  double rate(int job, const std::vector<int>& n_compute, const std::vector<int>& n_comm) const {
+    double r = std::numeric_limits<double>::infinity();
+    for (std::size_t m : jobs[job]) {
+      const OpRecord& op = *ops[m];
+      double x = 1.0;
+      switch (op.cls) {
+        case OpClass::compute:
+          x = 1.0 / std::max(1, n_compute[op.rank]);
+          if (n_comm[op.rank] > 0) x /= cm.compute_slowdown;
+          break;
+        case OpClass::comm:
+          x = 1.0 / std::max(1, n_comm[op.rank]);
+          if (n_compute[op.rank] > 0) x /= cm.comm_slowdown;
+          break;
+        case OpClass::fused:
+          x = 1.0 / std::max(1, std::max(n_compute[op.rank], n_comm[op.rank]));
+          break;
+        default:
+          break;
+      }
+      r = std::min(r, x);
+    }
+    return r;
+  }
+
+  void complete(std::size_t i, double t) {
+    done[i] = 1;
+    end[i] = t;
+    for (std::size_t s : succ[i]) {
+      if (ops[s]->lane == ops[i]->lane && ops[s]->rank == ops[i]->rank)
+        lane_free[s] = std::max(lane_free[s], t);
+      if (--unmet[s] == 0) to_start.push_back(s);
+    }
+  }
+
+  Timeline run() {
+    build();
+    const std::size_t n = ops.size();
+    for (std::size_t i = 0; i < n; ++i)
+      if (unmet[i] == 0) to_start.push_back(i);
+    std::vector<int> n_compute(g.ranks.size()), n_comm(g.ranks.size());
+    double t = 0;
+    std::size_t n_done = 0;
+    while (n_done < n) {
+      // Start everything that became ready at time t (zero-work jobs finish at once).
+      while (!to_start.empty()) {
+        const std::size_t i = to_start.back();
+        to_start.pop_back();
+        const int j = job_of[i];
+        if (++job_ready[j] < int(jobs[j].size())) continue;
+        for (std::size_t m : jobs[j]) {
+          // Waits show from when their lane was free; everything else from when it starts.
+          start[m] =
+              ops[m]->cls == OpClass::wait && lane_free[m] >= 0 ? std::min(lane_free[m], t) : t;
+        }
+        if (job_left[j] <= 0) {
+          for (std::size_t m : jobs[j])
+            complete(m, t), ++n_done;
+        } else {
+          running.push_back(j);
+          for (std::size_t m : jobs[j]) {
+            if (ops[m]->cls == OpClass::compute || ops[m]->cls == OpClass::fused)
+              ++n_compute[ops[m]->rank];
+            if (ops[m]->cls == OpClass::comm || ops[m]->cls == OpClass::fused)
+              ++n_comm[ops[m]->rank];
+          }
+        }
+      }
+      if (n_done == n) break;
+      if (running.empty()) {
+        std::string stuck;
+        int shown = 0;
+        for (std::size_t i = 0; i < n && shown < 8; ++i)
+          if (!done[i]) {
+            stuck += fmt::format("\n  rank {} lane {} op #{} '{}' ({} prerequisites unmet)",
+                                 ops[i]->rank, ops[i]->lane, ops[i]->index, ops[i]->name, unmet[i]);
+            ++shown;
+          }
+        COCEMU_FAIL(Errc::mismatch,
+                    "modeled schedule cannot complete: {} of {} ops never became ready "
+                    "(a collective or send/recv that not every participant joined):{}",
+                    n - n_done, n, stuck);
+      }
+      // Advance to the next completion.
+      std::vector<double> rates(running.size());
+      double dt = std::numeric_limits<double>::infinity();
+      for (std::size_t k = 0; k < running.size(); ++k) {
+        rates[k] = rate(running[k], n_compute, n_comm);
+        dt = std::min(dt, job_left[running[k]] / rates[k]);
+      }
+      t += dt;
+      std::vector<int> still;
+      for (std::size_t k = 0; k < running.size(); ++k) {
+        const int j = running[k];
+        job_left[j] -= rates[k] * dt;
+        if (job_left[j] <= 1e-6 * std::max(1.0, rates[k] * dt)) {
+          for (std::size_t m : jobs[j]) {
+            if (ops[m]->cls == OpClass::compute || ops[m]->cls == OpClass::fused)
+              --n_compute[ops[m]->rank];
+            if (ops[m]->cls == OpClass::comm || ops[m]->cls == OpClass::fused)
+              --n_comm[ops[m]->rank];
+            complete(m, t);
+            ++n_done;
+          }
+        } else {
+          still.push_back(j);
+        }
+      }
+      running.swap(still);
+    }
+    std::vector<std::vector<ScheduledOp>> times(g.ranks.size());
+    for (std::size_t r = 0; r < g.ranks.size(); ++r) {
+      times[r].resize(g.ranks[r].ops.size());
+      for (std::size_t k = 0; k < times[r].size(); ++k) {
+        const std::size_t i = base[r] + k;
+        times[r][k] = {std::llround(start[i]), std::llround(end[i])};
+      }
+    }
+    return Timeline(std::move(times));
+  }
+};
+
+}  // namespace
+
+Timeline simulate(const ModelGraph& graph, const ContentionModel& contention) {
+  return Sim(graph, contention).run();
+}
+
+}  // namespace cocemu

@@ -1,0 +1,179 @@
+#include "cocemu/runtime/sync.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <random>
+#include <thread>
+
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/world.h"
+
+namespace cocemu {
+
+namespace {
+const WaitScope& fallback_scope() {
+  static const WaitScope scope{nullptr, -1, "host", 0, default_timeout(), 0};
+  return scope;
+}
+thread_local const WaitScope* tls_scope = nullptr;
+
+std::mt19937_64& jitter_rng() {
+  thread_local std::mt19937_64 rng{0};
+  thread_local std::uint64_t seeded_with = 0;
+  const WaitScope& s = current_wait_scope();
+  if (seeded_with != s.jitter_seed) {
+    std::seed_seq seq{s.jitter_seed, std::uint64_t(s.rank + 1),
+                      std::uint64_t(std::hash<std::string>{}(s.lane))};
+    rng.seed(seq);
+    seeded_with = s.jitter_seed;
+  }
+  return rng;
+}
+
+void futex_wait(const std::atomic<std::uint32_t>* addr, std::uint32_t expected, long ns) {
+  timespec ts{0, ns};
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+}
+void futex_wake_all(const std::atomic<std::uint32_t>* addr) {
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+}  // namespace
+
+ScopedWaitScope::ScopedWaitScope(const WaitScope& scope) : previous_(tls_scope) {
+  tls_scope = &scope;
+}
+ScopedWaitScope::~ScopedWaitScope() {
+  tls_scope = previous_;
+}
+
+const WaitScope& current_wait_scope() {
+  return tls_scope ? *tls_scope : fallback_scope();
+}
+
+std::chrono::milliseconds default_timeout() {
+  if (const char* v = std::getenv("COCEMU_TIMEOUT_MS")) {
+    char* end = nullptr;
+    long ms = std::strtol(v, &end, 10);
+    COCEMU_CHECK_ARG(end && *end == '\0' && ms > 0,
+                     "COCEMU_TIMEOUT_MS='{}' is not a positive integer number of milliseconds", v);
+    return std::chrono::milliseconds(ms);
+  }
+  return std::chrono::milliseconds(60000);
+}
+
+std::uint64_t default_schedule_seed() {
+  if (const char* v = std::getenv("COCEMU_SCHEDULE_SEED")) {
+    char* end = nullptr;
+    unsigned long long s = std::strtoull(v, &end, 10);
+    COCEMU_CHECK_ARG(end && *end == '\0', "COCEMU_SCHEDULE_SEED='{}' is not an unsigned integer",
+                     v);
+    return s;
+  }
+  return 0;
+}
+
+void schedule_jitter() {
+  if (current_wait_scope().jitter_seed == 0) return;
+  auto& rng = jitter_rng();
+  const std::uint64_t r = rng();
+  switch (r % 8) {
+    case 0:
+    case 1:
+      sched_yield();
+      break;
+    case 2:
+      std::this_thread::sleep_for(std::chrono::microseconds((r >> 8) % 200));
+      break;
+    default:
+      break;
+  }
+}
+
+std::uint32_t Counter::add(std::uint32_t n) {
+  const std::uint32_t v = value_.fetch_add(n, std::memory_order_seq_cst) + n;
+  if (sleepers_.load(std::memory_order_seq_cst) != 0 &&
+      v >= wake_at_.load(std::memory_order_seq_cst)) {
+    wake_at_.store(~0u, std::memory_order_seq_cst);
+    futex_wake_all(&value_);
+  }
+  return v;
+}
+
+void Counter::notify_all() {
+  wake_at_.store(~0u, std::memory_order_seq_cst);
+  futex_wake_all(&value_);
+}
+
+void Counter::sleep_until(std::uint32_t target, long slice_ns) const {
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  std::uint32_t cur = wake_at_.load(std::memory_order_seq_cst);
+  while (target < cur && !wake_at_.compare_exchange_weak(cur, target, std::memory_order_seq_cst)) {
+  }
+  const std::uint32_t v = value_.load(std::memory_order_seq_cst);
+  if (std::int32_t(v - target) < 0) futex_wait(&value_, v, slice_ns);
+  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>& what) const {
+  if (reached(target)) return;
+  const WaitScope& scope = current_wait_scope();
+  schedule_jitter();
+  for (int i = 0; i < 64; ++i) {
+    if (reached(target)) return;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + scope.timeout;
+  // Yield for a short while: with more runnable threads than cores the peer we wait for usually
+  // needs our core. Then sleep in the kernel until woken (slices bound the abort latency).
+  // Yield for a while: with more runnable threads than cores the peer we wait for usually needs
+  // our core. Stream workers (collective steps, latency-critical) yield longer than host threads,
+  // which mostly wait for long work and should leave the cores to the workers.
+  static const int worker_yields =
+      std::getenv("COCEMU_YIELDS") ? std::atoi(std::getenv("COCEMU_YIELDS")) : 2000;
+  static const int host_yields =
+      std::getenv("COCEMU_HOST_YIELDS") ? std::atoi(std::getenv("COCEMU_HOST_YIELDS")) : 2000;
+  const int yields = scope.lane_index == 0 ? host_yields : worker_yields;
+  for (int i = 0; i < yields; ++i) {
+    if (reached(target)) return;
+    sched_yield();
+  }
+  long slice_ns = 100'000;
+  for (;;) {
+    if (reached(target)) return;
+    sleep_until(target, slice_ns);
+    if (reached(target)) return;
+    slice_ns = std::min<long>(slice_ns * 2, 5'000'000);
+    if (scope.world && scope.world->aborted())
+      scope.world->throw_remote_failure(scope.rank, what());
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string msg = fmt::format(
+          "rank {} ({}) timed out after {} ms waiting for {} (counter at {}, needed {})",
+          scope.rank, scope.lane, scope.timeout.count(), what(), load(), target);
+      if (scope.world) msg += "\n" + scope.world->status_report();
+      throw Error(Errc::timeout, msg);
+    }
+  }
+}
+
+bool Counter::wait_idle(std::uint32_t target, const std::atomic<bool>& stop) const {
+  for (int i = 0; i < 100; ++i) {
+    if (reached(target)) return true;
+    if (stop.load(std::memory_order_acquire)) return false;
+    sched_yield();
+  }
+  for (;;) {
+    if (reached(target)) return true;
+    if (stop.load(std::memory_order_acquire)) return reached(target);
+    sleep_until(target, 5'000'000);
+  }
+}
+
+}  // namespace cocemu

@@ -1,0 +1,211 @@
+#include "cocemu/runtime/tensor.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <new>
+
+namespace cocemu {
+
+DType parse_dtype(std::string_view s) {
+  if (s == "f32" || s == "float32" || s == "float") return DType::f32;
+  if (s == "f64" || s == "float64" || s == "double") return DType::f64;
+  if (s == "f16" || s == "float16" || s == "half") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "i8" || s == "int8") return DType::i8;
+  if (s == "i32" || s == "int32") return DType::i32;
+  COCEMU_FAIL(Errc::invalid_argument, "unknown dtype '{}'; allowed: f32, f64, f16, bf16, i8, i32",
+              s);
+}
+
+Shape::Shape(std::initializer_list<std::int64_t> dims)
+    : Shape(std::span<const std::int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const std::int64_t> dims) {
+  COCEMU_CHECK_ARG(dims.size() <= max_dims, "shape has {} dimensions; at most {} are allowed",
+                   dims.size(), max_dims);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    COCEMU_CHECK_ARG(dims[i] >= 0, "shape dimension {} is {}; dimensions must be >= 0", i, dims[i]);
+    dims_[i] = dims[i];
+  }
+  ndim_ = int(dims.size());
+}
+
+std::int64_t Shape::numel() const {
+  std::int64_t n = 1;
+  for (int i = 0; i < ndim_; ++i)
+    n *= dims_[i];
+  return n;
+}
+
+std::int64_t Shape::row_numel() const {
+  std::int64_t n = 1;
+  for (int i = 1; i < ndim_; ++i)
+    n *= dims_[i];
+  return n;
+}
+
+Shape Shape::with_dim0(std::int64_t n) const {
+  Shape s = *this;
+  s.dims_[0] = n;
+  return s;
+}
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < ndim_; ++i)
+    s += fmt::format("{}{}", i ? ", " : "", dims_[i]);
+  return s + "]";
+}
+
+namespace {
+std::shared_ptr<std::byte[]> allocate(std::size_t bytes) {
+  constexpr std::align_val_t align{64};
+  auto* p = static_cast<std::byte*>(::operator new[](bytes ? bytes : 1, align));
+  std::memset(p, 0, bytes);
+  return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
+}
+}  // namespace
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = shape_only(shape, dtype);
+  t.storage_ = allocate(t.nbytes());
+  return t;
+}
+
+Tensor Tensor::shape_only(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.dtype_set_ = true;
+  return t;
+}
+
+template <class T>
+Tensor Tensor::from(const Shape& shape, std::span<const T> values, DType dtype) {
+  COCEMU_CHECK_ARG(std::int64_t(values.size()) == shape.numel(),
+                   "{} values given for shape {} ({} elements)", values.size(), shape.str(),
+                   shape.numel());
+  Tensor t = zeros(shape, dtype);
+  visit_dtype(dtype, [&](auto tag) {
+    using U = decltype(tag);
+    U* out = static_cast<U*>(t.raw());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      out[i] = store_as<U>(load_as<double>(values[i]));
+  });
+  return t;
+}
+
+void* Tensor::raw() const {
+  COCEMU_CHECK_ARG(storage_ != nullptr,
+                   "tensor {} has no storage (shape-only, dry-run mode); numerics are skipped",
+                   describe());
+  return storage_.get() + offset_bytes_;
+}
+
+Tensor Tensor::rows(std::int64_t begin, std::int64_t end) const {
+  COCEMU_CHECK_ARG(ndim() >= 1, "rows() on a 0-d tensor {}", describe());
+  COCEMU_CHECK_ARG(0 <= begin && begin <= end && end <= size(0),
+                   "rows [{}, {}) out of range for {} (dimension 0 has {} rows)", begin, end,
+                   describe(), size(0));
+  Tensor t = *this;
+  t.shape_ = shape_.with_dim0(end - begin);
+  t.offset_bytes_ += std::size_t(begin * shape_.row_numel()) * size_of(dtype_);
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  COCEMU_CHECK_ARG(shape.numel() == numel(), "cannot reshape {} ({} elements) to {} ({} elements)",
+                   describe(), numel(), shape.str(), shape.numel());
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::flat(std::int64_t begin, std::int64_t end) const {
+  return reshape(Shape{numel()}).rows(begin, end);
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = has_data() ? zeros(shape_, dtype_) : shape_only(shape_, dtype_);
+  if (has_data()) std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (!has_data()) return shape_only(shape_, dtype);
+  Tensor t = zeros(shape_, dtype);
+  const std::int64_t n = numel();
+  visit_dtype(dtype_, [&](auto src_tag) {
+    using S = decltype(src_tag);
+    const S* src = static_cast<const S*>(raw());
+    visit_dtype(dtype, [&](auto dst_tag) {
+      using D = decltype(dst_tag);
+      D* dst = static_cast<D*>(t.raw());
+      for (std::int64_t i = 0; i < n; ++i)
+        dst[i] = store_as<D>(load_as<double>(src[i]));
+    });
+  });
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) const {
+  COCEMU_CHECK_ARG(src.dtype() == dtype_ && src.numel() == numel(),
+                   "copy_from: source {} does not match destination {} (dtype and element count "
+                   "must agree)",
+                   src.describe(), describe());
+  if (!has_data() || !src.has_data()) return;
+  std::memmove(raw(), src.raw(), nbytes());
+}
+
+void Tensor::fill_zero() const {
+  if (has_data()) std::memset(raw(), 0, nbytes());
+}
+
+double Tensor::item(std::int64_t i) const {
+  COCEMU_CHECK_ARG(0 <= i && i < numel(), "item({}) out of range for {}", i, describe());
+  return visit_dtype(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    return load_as<double>(static_cast<const T*>(raw())[i]);
+  });
+}
+
+bool Tensor::bitwise_equal(const Tensor& o) const {
+  if (dtype_ != o.dtype_ || !(shape_ == o.shape_)) return false;
+  if (!has_data() || !o.has_data()) return has_data() == o.has_data();
+  return std::memcmp(raw(), o.raw(), nbytes()) == 0;
+}
+
+bool Tensor::overlaps(const Tensor& o) const {
+  if (!has_data() || !o.has_data() || nbytes() == 0 || o.nbytes() == 0) return false;
+  auto* a = static_cast<const std::byte*>(raw());
+  auto* b = static_cast<const std::byte*>(o.raw());
+  return a < b + o.nbytes() && b < a + nbytes();
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined tensor";
+  return fmt::format("{}{}{}", name_of(dtype_), shape_.str(), has_data() ? "" : " shape-only");
+}
+
+std::string format_bytes(std::size_t b) {
+  if (b < 1024) return fmt::format("{}B", b);
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  std::string s = fmt::format("{:.2f}", v);
+  while (s.back() == '0')
+    s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s + units[u];
+}
+
+template Tensor Tensor::from<float>(const Shape&, std::span<const float>, DType);
+template Tensor Tensor::from<double>(const Shape&, std::span<const double>, DType);
+template Tensor Tensor::from<std::int32_t>(const Shape&, std::span<const std::int32_t>, DType);
+
+}  // namespace cocemu

@@ -1,0 +1,468 @@
+#include "cocemu/runtime/world.h"
+
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "cocemu/runtime/blas.h"
+#include "cocemu/runtime/error.h"
+
+namespace cocemu {
+
+namespace detail {
+
+struct Task {
+  std::function<void()> fn;
+  OpRecord* record = nullptr;
+  const Counter* wait_on = nullptr;  // device-side wait on another stream
+  std::uint32_t wait_target = 0;
+  std::string wait_what;
+};
+
+/// One stream: an in-order queue drained by a worker thread. Counters: `submitted` counts ops
+/// pushed by the host, `completed` ops finished (or skipped after a failure) by the worker.
+struct StreamImpl {
+  Rank* rank = nullptr;
+  World* world = nullptr;
+  std::string name;
+  int lane = 0;
+  std::mutex mu;
+  std::deque<Task> queue;
+  Counter submitted, completed;
+  std::atomic<bool> stop{false};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  // Host-side bookkeeping (only the rank's host thread touches these).
+  std::uint32_t host_submitted = 0;
+  OpRef last_op;
+  std::unordered_map<const StreamImpl*, std::uint32_t> waited;  // highest target waited per stream
+  WaitScope scope;
+  std::thread worker;
+
+  void push(Task&& t) {
+    {
+      std::lock_guard lock(mu);
+      queue.push_back(std::move(t));
+    }
+    ++host_submitted;
+    submitted.add(1);
+  }
+
+  std::exception_ptr failed() {
+    std::lock_guard lock(error_mu);
+    return error;
+  }
+
+  void work() {
+    ScopedWaitScope guard(scope);
+    blas::init_thread();
+    const bool numerics = world->options().numerics;
+    const bool wall = world->options().record_wall_times;
+    std::uint32_t next = 1;
+    for (;;) {
+      if (!submitted.wait_idle(next, stop)) break;
+      Task t;
+      {
+        std::lock_guard lock(mu);
+        t = std::move(queue.front());
+        queue.pop_front();
+      }
+      if (!world->aborted() && !failed()) {
+        try {
+          schedule_jitter();
+          const std::int64_t t0 = wall ? world->wall_now_ns() : -1;
+          if (t.wait_on) {
+            t.wait_on->wait_geq(t.wait_target, [&] { return t.wait_what; });
+          } else if (t.fn && numerics) {
+            world->set_activity(rank->id(), lane, t.record ? t.record->name : "op");
+            t.fn();
+            world->set_activity(rank->id(), lane, "idle");
+          }
+          if (t.record && wall) {
+            t.record->wall_start_ns = t0;
+            t.record->wall_end_ns = world->wall_now_ns();
+          }
+        } catch (...) {
+          {
+            std::lock_guard lock(error_mu);
+            error = std::current_exception();
+          }
+          world->abort(rank->id(), error);
+        }
+      }
+      completed.add(1);
+      ++next;
+    }
+  }
+
+  /// Host: waits until every op pushed so far is done; rethrows this stream's failure first.
+  void drain(const char* why) {
+    const std::uint32_t target = host_submitted;
+    completed.wait_geq(target, [&] {
+      return fmt::format("{} of rank {} stream '{}' ({} of {} ops done)", why, rank->id(), name,
+                         completed.load(), target);
+    });
+    if (auto e = failed()) std::rethrow_exception(e);
+    if (world->aborted())
+      world->throw_remote_failure(rank->id(), fmt::format("{} of stream '{}'", why, name));
+  }
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Event
+
+bool Event::query() const {
+  return !stream_ || stream_->completed.reached(target_);
+}
+
+void Event::synchronize() const {
+  if (!stream_) return;
+  OpSpec spec{.name = "event.synchronize", .cls = OpClass::wait, .launch = LaunchKind::none};
+  if (op_.valid()) spec.deps.push_back(op_);
+  stream_->rank->record_host(std::move(spec));
+  stream_->completed.wait_geq(target_, [&] {
+    return fmt::format("event.synchronize on rank {} stream '{}' (op {} of {})",
+                       stream_->rank->id(), stream_->name, target_, stream_->host_submitted);
+  });
+  if (auto e = stream_->failed()) std::rethrow_exception(e);
+  if (stream_->world->aborted())
+    stream_->world->throw_remote_failure(stream_->rank->id(), "event.synchronize");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream
+
+Stream::Stream(std::unique_ptr<detail::StreamImpl> impl) : impl_(std::move(impl)) {}
+Stream::Stream(Stream&&) noexcept = default;
+Stream::~Stream() {
+  if (!impl_) return;
+  impl_->stop.store(true, std::memory_order_release);
+  impl_->submitted.notify_all();  // wake the worker to see the stop flag
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+const std::string& Stream::name() const {
+  return impl_->name;
+}
+int Stream::lane() const {
+  return impl_->lane;
+}
+Rank& Stream::rank() const {
+  return *impl_->rank;
+}
+
+OpRef Stream::launch(OpSpec spec, std::function<void()> fn) {
+  Rank& r = *impl_->rank;
+  if (spec.launch != LaunchKind::none) {
+    OpSpec host{.name = "launch " + spec.name,
+                .cls = OpClass::host,
+                .work_ns = launch_ns(r.profile(), spec.launch),
+                .launch = LaunchKind::none};
+    spec.deps.push_back(r.record_host(std::move(host)));
+  }
+  OpRecord& rec = r.append_op(impl_->lane, std::move(spec));
+  const OpRef ref{r.id(), rec.index};
+  impl_->last_op = ref;
+  impl_->push(detail::Task{.fn = std::move(fn), .record = &rec});
+  return ref;
+}
+
+Event Stream::record() {
+  Event e;
+  e.stream_ = impl_.get();
+  e.target_ = impl_->host_submitted;
+  e.op_ = impl_->last_op;
+  return e;
+}
+
+void Stream::wait(const Event& event) {
+  if (!event.stream_ || event.stream_ == impl_.get()) return;  // same stream: already ordered
+  // Already ordered after that point of the other stream by an earlier wait: nothing to add.
+  auto [it, fresh] = impl_->waited.emplace(event.stream_, event.target_);
+  if (!fresh) {
+    if (std::int32_t(event.target_ - it->second) <= 0) return;
+    it->second = event.target_;
+  }
+  if (event.target_ == 0) return;  // the other stream had no ops yet
+  Rank& r = *impl_->rank;
+  OpSpec spec{.name = fmt::format("wait {}", event.stream_->name),
+              .cls = OpClass::wait,
+              .launch = LaunchKind::none};
+  if (event.op_.valid()) spec.deps.push_back(event.op_);
+  OpRecord& rec = r.append_op(impl_->lane, std::move(spec));
+  impl_->last_op = {r.id(), rec.index};
+  impl_->push(detail::Task{
+      .record = &rec,
+      .wait_on = &event.stream_->completed,
+      .wait_target = event.target_,
+      .wait_what = fmt::format("event on rank {} stream '{}' (op {})", event.stream_->rank->id(),
+                               event.stream_->name, event.target_)});
+}
+
+void Stream::synchronize() {
+  OpSpec spec{.name = fmt::format("synchronize {}", impl_->name),
+              .cls = OpClass::wait,
+              .launch = LaunchKind::none};
+  if (impl_->last_op.valid()) spec.deps.push_back(impl_->last_op);
+  impl_->rank->record_host(std::move(spec));
+  impl_->drain("stream.synchronize");
+}
+
+bool Stream::query() const {
+  return impl_->completed.reached(impl_->host_submitted);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank
+
+Rank::Rank(World& world, int id) : world_(&world), id_(id) {
+  host_scope_ =
+      WaitScope{&world, id, "host", 0, world.options().timeout, world.options().schedule_seed};
+  host_scope_guard_ = std::make_unique<ScopedWaitScope>(host_scope_);
+  blas::init_thread();
+  new_stream("compute");
+  new_stream("comm");
+  current_ = streams_[0].get();
+}
+
+Rank::~Rank() {
+  streams_.clear();  // joins the workers; they skip remaining ops if the world aborted
+}
+
+int Rank::world_size() const {
+  return world_->size();
+}
+const DeviceProfile& Rank::profile() const {
+  return world_->profile();
+}
+bool Rank::numerics() const {
+  return world_->options().numerics;
+}
+bool Rank::deterministic() const {
+  return world_->options().deterministic;
+}
+RankGraph& Rank::graph() {
+  return world_->graph().ranks[id_];
+}
+
+Stream& Rank::new_stream(const std::string& name) {
+  auto impl = std::make_unique<detail::StreamImpl>();
+  impl->rank = this;
+  impl->world = world_;
+  impl->name = name;
+  impl->lane = int(graph().lane_names.size());
+  graph().lane_names.push_back(name);
+  impl->scope = WaitScope{world_,
+                          id_,
+                          impl->name.c_str(),
+                          impl->lane,
+                          world_->options().timeout,
+                          world_->options().schedule_seed};
+  detail::StreamImpl* raw = impl.get();
+  streams_.push_back(std::unique_ptr<Stream>(new Stream(std::move(impl))));
+  raw->worker = std::thread([raw] { raw->work(); });
+  return *streams_.back();
+}
+
+void Rank::synchronize() {
+  for (auto& s : streams_)
+    s->synchronize();
+}
+
+OpRef Rank::record_host(OpSpec spec) {
+  spec.cls = spec.cls == OpClass::wait ? OpClass::wait : OpClass::host;
+  OpRecord& rec = append_op(0, std::move(spec));
+  return {id_, rec.index};
+}
+
+OpRecord& Rank::append_op(int lane, OpSpec&& spec) {
+  RankGraph& g = graph();
+  OpRecord& rec = g.ops.emplace_back();
+  rec.rank = id_;
+  rec.lane = lane;
+  rec.index = std::uint32_t(g.ops.size() - 1);
+  rec.cls = spec.cls;
+  rec.name = std::move(spec.name);
+  rec.work_ns = spec.work_ns;
+  rec.deps = std::move(spec.deps);
+  rec.rendezvous = std::move(spec.rendezvous);
+  rec.bytes = spec.bytes;
+  rec.flops = spec.flops;
+  rec.detail = std::move(spec.detail);
+  rec.phases = std::move(spec.phases);
+  return rec;
+}
+
+void Rank::note_activity(std::string text) {
+  world_->set_activity(id_, current_wait_scope().lane_index, std::move(text));
+}
+
+// ---------------------------------------------------------------------------------------------
+// World
+
+std::shared_ptr<const DeviceProfile> default_profile() {
+  static std::shared_ptr<const DeviceProfile> p =
+      std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+  return p;
+}
+
+World::World(const WorldOptions& options)
+    : options_(options), t0_(std::chrono::steady_clock::now()) {
+  COCEMU_CHECK_ARG(options_.n_ranks >= 1 && options_.n_ranks <= 64,
+                   "run: n_ranks = {} is out of range; allowed 1..64", options_.n_ranks);
+  COCEMU_CHECK_ARG(options_.timeout.count() > 0, "run: timeout {} ms must be positive",
+                   options_.timeout.count());
+  if (!options_.profile) options_.profile = default_profile();
+  graph_.ranks.resize(std::size_t(options_.n_ranks));
+  activity_.resize(std::size_t(options_.n_ranks));
+}
+
+World::~World() = default;
+
+namespace {
+bool is_primary(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err.code() != Errc::remote_failure;
+  } catch (...) {
+    return true;
+  }
+}
+}  // namespace
+
+void World::abort(int rank, std::exception_ptr error) {
+  {
+    std::lock_guard lock(error_mu_);
+    const bool primary = is_primary(error);
+    if (!first_error_ || (primary && !first_error_primary_)) {
+      first_error_ = error;
+      first_error_rank_ = rank;
+      first_error_primary_ = primary;
+    }
+  }
+  aborted_.store(true, std::memory_order_release);
+}
+
+std::exception_ptr World::first_error() const {
+  std::lock_guard lock(error_mu_);
+  return first_error_;
+}
+
+int World::first_error_rank() const {
+  std::lock_guard lock(error_mu_);
+  return first_error_rank_;
+}
+
+void World::throw_remote_failure(int rank, const std::string& waiting_for) const {
+  int who;
+  std::string what = "unknown error";
+  {
+    std::lock_guard lock(error_mu_);
+    who = first_error_rank_;
+    if (first_error_) {
+      try {
+        std::rethrow_exception(first_error_);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+    }
+  }
+  throw Error(Errc::remote_failure,
+              fmt::format("rank {} stopped waiting for {}: rank {} failed first: {}", rank,
+                          waiting_for, who, what));
+}
+
+void World::set_activity(int rank, int lane, std::string text) {
+  std::lock_guard lock(activity_mu_);
+  auto& lanes = activity_[std::size_t(rank)];
+  if (lanes.size() <= std::size_t(lane)) lanes.resize(std::size_t(lane) + 1);
+  lanes[std::size_t(lane)] = std::move(text);
+}
+
+std::string World::status_report() const {
+  std::lock_guard lock(activity_mu_);
+  std::string out = "what each rank was last doing:";
+  for (std::size_t r = 0; r < activity_.size(); ++r) {
+    out += fmt::format("\n  rank {}:", r);
+    const auto& lanes = activity_[r];
+    const auto& names = graph_.ranks[r].lane_names;
+    bool any = false;
+    for (std::size_t l = 0; l < lanes.size(); ++l) {
+      if (lanes[l].empty()) continue;
+      out += fmt::format(" [{}] {};", l < names.size() ? names[l] : "lane", lanes[l]);
+      any = true;
+    }
+    if (!any) out += " (nothing recorded)";
+  }
+  return out;
+}
+
+std::int64_t World::wall_now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              t0_)
+      .count();
+}
+
+// ---------------------------------------------------------------------------------------------
+// run
+
+RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn) {
+  World world(options);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  threads.reserve(std::size_t(world.size()));
+  for (int r = 0; r < world.size(); ++r) {
+    threads.emplace_back([&world, &fn, r] {
+      try {
+        Rank rank(world, r);
+        try {
+          world.set_activity(r, 0, "running");
+          fn(rank);
+          rank.synchronize();
+          world.set_activity(r, 0, "finished");
+        } catch (...) {
+          world.set_activity(r, 0, "failed");
+          world.abort(r, std::current_exception());
+        }
+      } catch (...) {
+        world.abort(r, std::current_exception());
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  if (auto e = world.first_error()) {
+    const int r = world.first_error_rank();
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.what()));
+    } catch (const std::exception& ex) {
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()));
+    } catch (...) {
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r));
+    }
+  }
+  RunResult result;
+  result.profile = world.options().profile;
+  result.numerics = world.options().numerics;
+  result.wall_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  result.graph = std::move(world.graph());
+  result.timeline = simulate(result.graph, result.profile->contention);
+  return result;
+}
+
+RunResult run(int n_ranks, const std::function<void(Rank&)>& fn) {
+  WorldOptions o;
+  o.n_ranks = n_ranks;
+  return run(o, fn);
+}
+
+}  // namespace cocemu

@@ -1,0 +1,91 @@
+#pragma once
+/// Collective algorithms as plans. Each algorithm is written once, as a list of rounds of steps
+/// (copy or reduce between buffers of group members); the executor runs a rank's steps round by
+/// round with a group barrier between rounds, and the cost model prices the very same plan
+/// (α per round plus the bytes each link carries ÷ its bandwidth). There is no second copy of the
+/// algorithm inside the cost model.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cocemu/runtime/dtype.h"
+#include "cocemu/runtime/profile.h"
+
+namespace cocemu {
+
+enum class CollOp : std::uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  reduce,
+  gather,
+  scatter,
+  all_to_all,
+  barrier,
+};
+const char* to_string(CollOp op);
+
+enum class ReduceOp : std::uint8_t { sum, avg, max, min, prod };
+const char* to_string(ReduceOp op);
+
+enum class Algorithm : std::uint8_t { automatic, ring, direct };
+const char* to_string(Algorithm a);
+Algorithm parse_algorithm(const std::string& s);
+
+/// A buffer of one member: its input, its output, or its scratch (accumulation dtype).
+enum class Buf : std::uint8_t { in, out, scratch };
+
+struct BufRef {
+  int rank = 0;  ///< group rank owning the buffer
+  Buf buf = Buf::in;
+  std::int64_t offset = 0;  ///< in elements of that buffer
+};
+
+struct Step {
+  enum Kind : std::uint8_t { copy, reduce } kind = copy;
+  int actor = 0;             ///< group rank that executes the step
+  std::vector<BufRef> srcs;  ///< reduce: combined in this order
+  std::vector<BufRef> dsts;  ///< the result is written to each
+  std::int64_t count = 0;    ///< elements
+  bool finalize = false;     ///< last reduction of these elements (avg divides here)
+};
+
+struct Plan {
+  CollOp op = CollOp::barrier;
+  Algorithm algorithm = Algorithm::direct;
+  std::vector<std::vector<Step>> rounds;
+  std::int64_t scratch_elems = 0;  ///< per member, in the accumulation dtype
+};
+
+/// Everything that defines one collective call's data movement.
+struct PlanRequest {
+  CollOp op = CollOp::barrier;
+  Algorithm algorithm = Algorithm::direct;  ///< ring or direct (already resolved)
+  int n = 1;                                ///< group size
+  std::int64_t count = 0;  ///< per-op element count, see ops.h for each op's meaning
+  int root = 0;
+  bool deterministic = true;
+  /// all_to_all only: send_counts[r][p] = elements rank r sends to p (empty = equal split).
+  std::vector<std::vector<std::int64_t>> send_counts;
+};
+
+Plan build_plan(const PlanRequest& request);
+
+// Per-algorithm builders (collectives/src/algorithms/*.cpp).
+Plan build_direct_plan(const PlanRequest& request);
+Plan build_ring_plan(const PlanRequest& request);
+
+/// Modeled cost of a plan: total and per round (ns at full speed).
+struct PlanCost {
+  double total_ns = 0;
+  std::vector<double> round_ns;
+  std::uint64_t max_link_bytes = 0;  ///< bytes the busiest rank sends over links
+};
+PlanCost price_plan(const Plan& plan, const DeviceProfile& profile, DType dtype);
+
+/// Segment s of `count` elements split into n near-equal parts (the first count % n one longer).
+std::int64_t segment_offset(std::int64_t count, int n, int s);
+std::int64_t segment_length(std::int64_t count, int n, int s);
+
+}  // namespace cocemu

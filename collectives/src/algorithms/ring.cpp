@@ -1,0 +1,189 @@
+// Ring algorithms: each member talks only to its ring neighbours, one block per round.
+//  - all_reduce (non-deterministic mode): the classic reduce-scatter ring (partial sums travel
+//    rank r-1 -> r, each member adding its contribution) followed by the all-gather ring.
+//  - all_reduce / reduce_scatter / reduce in deterministic mode: a pipelined chain along the ring
+//    0 -> 1 -> ... -> n-1, so every element is summed in rank order with f32 partials (bitwise
+//    equal to the direct algorithm); all_reduce then passes results on around the ring n-1 -> 0 ->
+//    ...
+//  - all_gather: blocks travel around the ring; broadcast: a pipelined chain from the root;
+//    gather/scatter/all_to_all: one peer offset per round (pairwise exchange).
+#include "algorithms/common.h"
+
+namespace cocemu {
+
+using algo::copy_step;
+using algo::mod;
+
+namespace {
+
+/// Classic ring reduce-scatter over n segments given by (offset, length); the fully reduced
+/// segment s ends at member s, written to `out(s)`.
+template <class Off, class Len, class Out>
+void ring_reduce_scatter(Plan& plan, int n, Off off, Len len, Out out) {
+  for (int t = 0; t + 1 < n; ++t) {
+    std::vector<Step> round;
+    for (int r = 0; r < n; ++r) {
+      const int s = mod(r - t - 2, n), prev = mod(r - 1, n);
+      if (len(s) == 0) continue;
+      Step st{Step::reduce, r, {}, {}, len(s), t + 2 == n};
+      st.srcs.push_back(t == 0 ? BufRef{prev, Buf::in, off(s)}
+                               : BufRef{prev, Buf::scratch, off(s)});
+      st.srcs.push_back({r, Buf::in, off(s)});
+      st.dsts.push_back(t + 2 == n ? out(s) : BufRef{r, Buf::scratch, off(s)});
+      round.push_back(std::move(st));
+    }
+    plan.rounds.push_back(std::move(round));
+  }
+}
+
+/// Pipelined chain reduction in rank order over `chunks`; chunk c's result goes to `final_dst(c)`.
+/// If `pass_on`, results then travel on around the ring n-1 -> 0 -> 1 -> ... -> n-2 (all_reduce).
+template <class Off, class Len, class Dst>
+void chain_reduce(Plan& plan, int n, int chunks, Off off, Len len, Dst final_dst, bool pass_on) {
+  const int reduce_rounds = chunks + n - 2;
+  const int total = pass_on ? reduce_rounds + n - 1 : reduce_rounds;
+  for (int t = 0; t < total; ++t) {
+    std::vector<Step> round;
+    for (int k = 1; k < n; ++k) {  // member k adds its contribution to chunk t - (k - 1)
+      const int c = t - (k - 1);
+      if (c < 0 || c >= chunks || len(c) == 0) continue;
+      Step st{Step::reduce, k, {}, {}, len(c), k == n - 1};
+      st.srcs.push_back(k == 1 ? BufRef{0, Buf::in, off(c)} : BufRef{k - 1, Buf::scratch, off(c)});
+      st.srcs.push_back({k, Buf::in, off(c)});
+      st.dsts.push_back(k == n - 1 ? final_dst(c) : BufRef{k, Buf::scratch, off(c)});
+      round.push_back(std::move(st));
+    }
+    if (pass_on) {
+      for (int h = 1; h < n; ++h) {  // hop h: member h-1 copies chunk c from its ring predecessor
+        const int c = t - (n - 2) - h;
+        if (c < 0 || c >= chunks || len(c) == 0) continue;
+        const int dst = h - 1, src = mod(dst - 1, n);
+        round.push_back(copy_step(dst, {src, Buf::out, off(c)}, {dst, Buf::out, off(c)}, len(c)));
+      }
+    }
+    plan.rounds.push_back(std::move(round));
+  }
+}
+
+}  // namespace
+
+Plan build_ring_plan(const PlanRequest& req) {
+  const int n = req.n;
+  const std::int64_t c = req.count;
+  Plan plan{req.op, Algorithm::ring, {}, 0};
+  if (n == 1 || req.op == CollOp::barrier) {  // nothing travels: same steps as direct
+    Plan p = build_direct_plan(req);
+    p.algorithm = Algorithm::ring;
+    return p;
+  }
+  auto seg_off = [&](int s) { return segment_offset(c, n, s); };
+  auto seg_len = [&](int s) { return segment_length(c, n, s); };
+  switch (req.op) {
+    case CollOp::all_reduce:
+      plan.scratch_elems = c;
+      if (req.deterministic) {
+        chain_reduce(
+            plan, n, n, seg_off, seg_len,
+            [&](int s) {
+              return BufRef{n - 1, Buf::out, seg_off(s)};
+            },
+            true);
+      } else {
+        ring_reduce_scatter(plan, n, seg_off, seg_len, [&](int s) {
+          return BufRef{s, Buf::out, seg_off(s)};
+        });
+        for (int u = 0; u + 1 < n; ++u) {  // all-gather ring
+          std::vector<Step> round;
+          for (int r = 0; r < n; ++r) {
+            const int s = mod(r - 1 - u, n);
+            if (seg_len(s) > 0)
+              round.push_back(copy_step(r, {mod(r - 1, n), Buf::out, seg_off(s)},
+                                        {r, Buf::out, seg_off(s)}, seg_len(s)));
+          }
+          plan.rounds.push_back(std::move(round));
+        }
+      }
+      break;
+    case CollOp::reduce_scatter: {
+      plan.scratch_elems = std::int64_t(n) * c;
+      auto off = [&](int s) { return std::int64_t(s) * c; };
+      auto len = [&](int) { return c; };
+      if (req.deterministic)
+        chain_reduce(
+            plan, n, n, off, len,
+            [&](int s) {
+              return BufRef{s, Buf::out, 0};
+            },
+            false);
+      else
+        ring_reduce_scatter(plan, n, off, len, [&](int s) { return BufRef{s, Buf::out, 0}; });
+      break;
+    }
+    case CollOp::reduce:
+      plan.scratch_elems = c;
+      chain_reduce(
+          plan, n, n, seg_off, seg_len,
+          [&](int s) {
+            return BufRef{req.root, Buf::out, seg_off(s)};
+          },
+          false);
+      break;
+    case CollOp::all_gather:
+      for (int t = 0; t + 1 < n; ++t) {
+        std::vector<Step> round;
+        for (int r = 0; r < n && c > 0; ++r) {
+          const int s = mod(r - 1 - t, n), prev = mod(r - 1, n);
+          if (t == 0) {
+            round.push_back(copy_step(r, {r, Buf::in, 0}, {r, Buf::out, std::int64_t(r) * c}, c));
+            round.push_back(
+                copy_step(r, {prev, Buf::in, 0}, {r, Buf::out, std::int64_t(s) * c}, c));
+          } else {
+            round.push_back(copy_step(r, {prev, Buf::out, std::int64_t(s) * c},
+                                      {r, Buf::out, std::int64_t(s) * c}, c));
+          }
+        }
+        plan.rounds.push_back(std::move(round));
+      }
+      break;
+    case CollOp::broadcast: {
+      // Chain from the root in n chunks: hop h delivers chunk t - (h - 1) to member root + h.
+      for (int t = 0; t < n + n - 2; ++t) {
+        std::vector<Step> round;
+        for (int h = 1; h < n; ++h) {
+          const int ch = t - (h - 1);
+          if (ch < 0 || ch >= n || seg_len(ch) == 0) continue;
+          const int dst = mod(req.root + h, n), src = mod(req.root + h - 1, n);
+          round.push_back(copy_step(dst, {src, h == 1 ? Buf::in : Buf::out, seg_off(ch)},
+                                    {dst, Buf::out, seg_off(ch)}, seg_len(ch)));
+        }
+        plan.rounds.push_back(std::move(round));
+      }
+      break;
+    }
+    case CollOp::gather:
+    case CollOp::scatter:
+    case CollOp::all_to_all: {
+      const auto l = algo::all_to_all_layout(req);
+      for (int t = 0; t < n; ++t) {  // round t: member r exchanges with r + t
+        std::vector<Step> round;
+        for (int r = 0; r < n; ++r) {
+          const int p = mod(r + t, n);
+          if (req.op == CollOp::all_to_all && l.counts[r][p] > 0)
+            round.push_back(copy_step(r, {r, Buf::in, l.send_off[r][p]},
+                                      {p, Buf::out, l.recv_off[p][r]}, l.counts[r][p]));
+          if (req.op == CollOp::gather && p == req.root && c > 0)
+            round.push_back(copy_step(r, {r, Buf::in, 0}, {p, Buf::out, std::int64_t(r) * c}, c));
+          if (req.op == CollOp::scatter && r == req.root && c > 0)
+            round.push_back(copy_step(p, {r, Buf::in, std::int64_t(p) * c}, {p, Buf::out, 0}, c));
+        }
+        if (!round.empty()) plan.rounds.push_back(std::move(round));
+      }
+      break;
+    }
+    case CollOp::barrier:
+      break;
+  }
+  return plan;
+}
+
+}  // namespace cocemu

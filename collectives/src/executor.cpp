@@ -1,0 +1,210 @@
+#include "executor.h"
+
+#include <cstring>
+#include <type_traits>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "cocemu/runtime/error.h"
+
+namespace cocemu::detail {
+
+namespace {
+
+constexpr std::int64_t kBlock = 4096;  // elements per block: the accumulator stays in L1
+
+template <class A>
+struct Sum {
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>)  // wrap like the device does, without signed overflow
+      return A(std::uint32_t(a) + std::uint32_t(b));
+    else
+      return a + b;
+  }
+};
+template <class A>
+struct Prod {
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>)
+      return A(std::uint32_t(a) * std::uint32_t(b));
+    else
+      return a * b;
+  }
+};
+template <class A>
+struct Max {
+  static A apply(A a, A b) { return (a > b || a != a) ? a : b; }  // NaN propagates
+};
+template <class A>
+struct Min {
+  static A apply(A a, A b) { return (a < b || a != a) ? a : b; }
+};
+
+template <class A, class S>
+void load_block(A* acc, const S* src, std::int64_t len) {
+  for (std::int64_t i = 0; i < len; ++i)
+    acc[i] = load_as<A>(src[i]);
+}
+
+template <class Op, class A, class S>
+void combine_block(A* acc, const S* src, std::int64_t len) {
+  for (std::int64_t i = 0; i < len; ++i)
+    acc[i] = Op::apply(acc[i], load_as<A>(src[i]));
+}
+
+template <class D, class A>
+void store_block(D* dst, const A* acc, std::int64_t len) {
+  if constexpr (std::is_same_v<D, A>)
+    std::memcpy(dst, acc, std::size_t(len) * sizeof(A));
+  else
+    for (std::int64_t i = 0; i < len; ++i)
+      dst[i] = store_as<D>(acc[i]);
+}
+
+/// Steps moving at least this many bytes write their destinations with non-temporal stores: the
+/// data will not be read again soon, and skipping the read-for-ownership of every destination
+/// line cuts the memory traffic of an out-of-place reduction by a third.
+constexpr std::size_t kStreamingBytes = 256 << 10;
+
+/// Copies `bytes` (a multiple of 4) with streaming stores where the destination is aligned.
+void stream_copy(void* dst, const void* src, std::size_t bytes) {
+#if defined(__AVX2__)
+  auto* d = static_cast<std::byte*>(dst);
+  auto* s = static_cast<const std::byte*>(src);
+  const std::size_t head = std::min(bytes, (32 - reinterpret_cast<std::uintptr_t>(d) % 32) % 32);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 32 <= bytes; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void stream_fence() {
+#if defined(__AVX2__)
+  _mm_sfence();  // order the streaming stores before the barrier that publishes them
+#endif
+}
+
+template <class T, class Op>
+void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffers>& bufs) {
+  using A = acc_t<T>;
+  struct Src {
+    const void* p;
+    bool acc;
+  };
+  std::vector<Src> srcs;
+  for (const BufRef& b : st.srcs) {
+    const MemberBuffers& m = bufs[std::size_t(b.rank)];
+    if (b.buf == Buf::scratch)
+      srcs.push_back({reinterpret_cast<const A*>(m.scratch) + b.offset, true});
+    else
+      srcs.push_back(
+          {reinterpret_cast<const T*>(b.buf == Buf::in ? m.in : m.out) + b.offset, false});
+  }
+  struct Dst {
+    void* p;
+    bool acc;
+    bool is_src;  // in place: the line was just read, a plain store is cheaper
+  };
+  std::vector<Dst> dsts;
+  for (const BufRef& b : st.dsts) {
+    const MemberBuffers& m = bufs[std::size_t(b.rank)];
+    void* p =
+        b.buf == Buf::scratch
+            ? static_cast<void*>(reinterpret_cast<A*>(m.scratch) + b.offset)
+            : static_cast<void*>(reinterpret_cast<T*>(b.buf == Buf::in ? m.in : m.out) + b.offset);
+    bool is_src = false;
+    for (const Src& s : srcs)
+      is_src |= s.p == p;
+    dsts.push_back({p, b.buf == Buf::scratch, is_src});
+  }
+  alignas(64) A acc[kBlock];
+  const bool streaming = std::size_t(st.count) * sizeof(T) >= kStreamingBytes;
+  for (std::int64_t base = 0; base < st.count; base += kBlock) {
+    const std::int64_t len = std::min(kBlock, st.count - base);
+    for (std::size_t k = 0; k < srcs.size(); ++k) {
+      const Src& s = srcs[k];
+      if (k == 0) {
+        if (s.acc)
+          load_block(acc, static_cast<const A*>(s.p) + base, len);
+        else
+          load_block(acc, static_cast<const T*>(s.p) + base, len);
+      } else if (s.acc) {
+        combine_block<Op>(acc, static_cast<const A*>(s.p) + base, len);
+      } else {
+        combine_block<Op>(acc, static_cast<const T*>(s.p) + base, len);
+      }
+    }
+    if (avg && st.finalize)
+      for (std::int64_t i = 0; i < len; ++i)
+        acc[i] = acc[i] / A(n);
+    for (const Dst& d : dsts) {
+      if (d.acc)
+        store_block(static_cast<A*>(d.p) + base, acc, len);
+      else if constexpr (std::is_same_v<T, A>)
+        if (streaming && !d.is_src)
+          stream_copy(static_cast<T*>(d.p) + base, acc, std::size_t(len) * sizeof(T));
+        else
+          store_block(static_cast<T*>(d.p) + base, acc, len);
+      else
+        store_block(static_cast<T*>(d.p) + base, acc, len);
+    }
+  }
+  if (streaming) stream_fence();
+}
+
+template <class T>
+void run_step(const Step& st, int n, ReduceOp op, const std::vector<MemberBuffers>& bufs) {
+  if (st.count == 0) return;
+  if (st.kind == Step::copy) {
+    const BufRef& s = st.srcs.front();
+    COCEMU_CHECK(s.buf != Buf::scratch, Errc::internal, "copy from scratch is not supported");
+    const MemberBuffers& sm = bufs[std::size_t(s.rank)];
+    const T* src = reinterpret_cast<const T*>(s.buf == Buf::in ? sm.in : sm.out) + s.offset;
+    for (const BufRef& d : st.dsts) {
+      const MemberBuffers& dm = bufs[std::size_t(d.rank)];
+      T* dst = reinterpret_cast<T*>(d.buf == Buf::in ? dm.in : dm.out) + d.offset;
+      if (dst == src) continue;
+      const std::size_t bytes = std::size_t(st.count) * sizeof(T);
+      if (bytes >= kStreamingBytes && sizeof(T) % 4 == 0)
+        stream_copy(dst, src, bytes);
+      else
+        std::memcpy(dst, src, bytes);
+    }
+    stream_fence();
+    return;
+  }
+  using A = acc_t<T>;
+  switch (op) {
+    case ReduceOp::sum:
+      return reduce_step<T, Sum<A>>(st, n, false, bufs);
+    case ReduceOp::avg:
+      return reduce_step<T, Sum<A>>(st, n, true, bufs);
+    case ReduceOp::max:
+      return reduce_step<T, Max<A>>(st, n, false, bufs);
+    case ReduceOp::min:
+      return reduce_step<T, Min<A>>(st, n, false, bufs);
+    case ReduceOp::prod:
+      return reduce_step<T, Prod<A>>(st, n, false, bufs);
+  }
+}
+
+}  // namespace
+
+void execute_plan(const Plan& plan, int me, int n, const std::vector<MemberBuffers>& bufs,
+                  DType dtype, ReduceOp op, const std::function<void(int)>& between_rounds) {
+  for (std::size_t r = 0; r < plan.rounds.size(); ++r) {
+    for (const Step& st : plan.rounds[r]) {
+      if (st.actor != me) continue;
+      visit_dtype(dtype, [&](auto tag) { run_step<decltype(tag)>(st, n, op, bufs); });
+    }
+    if (r + 1 < plan.rounds.size()) between_rounds(int(r));
+  }
+}
+
+}  // namespace cocemu::detail

@@ -1,0 +1,224 @@
+#include "cocemu/collectives/group.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/error.h"
+#include "group_state.h"
+
+namespace cocemu {
+
+namespace detail {
+
+GroupState::GroupState(int id_, std::string name_, std::vector<int> ranks_)
+    : id(id_), name(std::move(name_)), ranks(std::move(ranks_)), members(ranks.size()) {
+  const std::size_t n = ranks.size();
+  for (auto& m : members) {
+    m.sends_to.assign(n, 0);
+    m.recvs_from.assign(n, 0);
+    m.received_from.assign(n, 0);
+  }
+  for (std::size_t i = 0; i < n * n; ++i)
+    mailboxes.push_back(std::make_unique<Mailbox>());
+}
+
+void GroupState::barrier(int me, const std::function<std::string()>& what) {
+  const std::uint64_t k = ++members[std::size_t(me)].barriers;
+  arrivals.add(1);
+  arrivals.wait_geq(std::uint32_t(k * std::uint64_t(size())), what);
+}
+
+bool GroupState::arrive(int me) {
+  const std::uint64_t k = ++members[std::size_t(me)].barriers;
+  return arrivals.add(1) == std::uint32_t(k * std::uint64_t(size()));
+}
+
+}  // namespace detail
+
+namespace {
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks)
+    s += fmt::format("{}{}", s.empty() ? "" : ",", r);
+  return "[" + s + "]";
+}
+}  // namespace
+
+Group Group::world(Rank& rank) {
+  auto state = rank.world().shared<detail::GroupState>("group/world", [&] {
+    std::vector<int> all(std::size_t(rank.world_size()));
+    std::iota(all.begin(), all.end(), 0);
+    auto s = std::make_shared<detail::GroupState>(0, "world", all);
+    s->key = "group/world";
+    return s;
+  });
+  Group g;
+  g.state_ = state;
+  g.owner_ = &rank;
+  g.local_rank_ = rank.id();
+  return g;
+}
+
+int Group::size() const {
+  return state_ ? state_->size() : 0;
+}
+const std::vector<int>& Group::ranks() const {
+  return state_->ranks;
+}
+const std::string& Group::name() const {
+  return state_->name;
+}
+
+int Group::world_rank_of(int group_rank) const {
+  COCEMU_CHECK_ARG(group_rank >= 0 && group_rank < size(),
+                   "group rank {} out of range for group {} of size {}", group_rank, name(),
+                   size());
+  return state_->ranks[std::size_t(group_rank)];
+}
+
+std::uint64_t Group::next_sequence() {
+  COCEMU_CHECK_ARG(is_member(), "rank {} is not a member of group {} {}", owner_->id(), name(),
+                   ranks_str(ranks()));
+  return state_->members[std::size_t(local_rank_)].host_seq++;
+}
+
+Group new_group(Rank& rank, const std::vector<int>& ranks, const std::string& name) {
+  COCEMU_CHECK_ARG(!ranks.empty(), "new_group on rank {}: the rank list is empty", rank.id());
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  COCEMU_CHECK_ARG(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                   "new_group on rank {}: ranks {} contain duplicates", rank.id(),
+                   ranks_str(ranks));
+  COCEMU_CHECK_ARG(sorted.front() >= 0 && sorted.back() < rank.world_size(),
+                   "new_group on rank {}: ranks {} must lie in 0..{}", rank.id(), ranks_str(ranks),
+                   rank.world_size() - 1);
+  const std::uint64_t k = rank.next_sequence("new_group");
+  const std::string key = fmt::format("group/new/{}", k);
+  auto state = rank.world().shared<detail::GroupState>(key, [&] {
+    auto s = std::make_shared<detail::GroupState>(
+        int(k) + 1, name.empty() ? fmt::format("g{}", k + 1) : name, ranks);
+    s->key = key;
+    return s;
+  });
+  COCEMU_CHECK(state->ranks == ranks, Errc::mismatch,
+               "new_group call #{} disagrees across ranks: rank {} passed {}, another rank passed "
+               "{} (every rank must create the same groups in the same order)",
+               k, rank.id(), ranks_str(ranks), ranks_str(state->ranks));
+  Group g;
+  g.state_ = state;
+  g.owner_ = &rank;
+  const auto it = std::find(ranks.begin(), ranks.end(), rank.id());
+  g.local_rank_ = it == ranks.end() ? -1 : int(it - ranks.begin());
+  return g;
+}
+
+Group split(Group& parent, int color, int key) {
+  Rank& rank = parent.owner();
+  COCEMU_CHECK_ARG(parent.is_member(), "split on rank {}: not a member of group {}", rank.id(),
+                   parent.name());
+  const int n = parent.size();
+  // Exchange (color, key) over the parent, as NCCL's commSplit does with an all-gather.
+  Tensor mine = Tensor::zeros({2}, DType::i32), all = Tensor::zeros({2 * n}, DType::i32);
+  mine.data<std::int32_t>()[0] = color;
+  mine.data<std::int32_t>()[1] = key;
+  CollectiveOptions o;
+  o.label = " (split)";
+  all_gather(parent, all, mine, o).synchronize();
+  const std::uint64_t k = rank.next_sequence("split/" + parent.state().key);
+  std::vector<int> members;  // parent ranks with my color, ordered by (key, parent rank)
+  if (color >= 0 && rank.numerics()) {
+    std::vector<std::pair<int, int>> order;
+    const std::int32_t* v = all.data<std::int32_t>();
+    for (int r = 0; r < n; ++r)
+      if (v[2 * r] == color) order.push_back({v[2 * r + 1], r});
+    std::sort(order.begin(), order.end());
+    for (const auto& [kk, r] : order)
+      members.push_back(parent.world_rank_of(r));
+  }
+  Group g;
+  g.owner_ = &rank;
+  if (color < 0) return g;
+  COCEMU_CHECK_ARG(rank.numerics(),
+                   "split needs real numerics (it exchanges colors); dry-run "
+                   "mode cannot split group {}",
+                   parent.name());
+  const std::string skey = fmt::format("group/split/{}/{}/{}", parent.state().key, k, color);
+  g.state_ = rank.world().shared<detail::GroupState>(skey, [&] {
+    auto s = std::make_shared<detail::GroupState>(
+        1000 + int(k), fmt::format("{}.split{}.c{}", parent.name(), k, color), members);
+    s->key = skey;
+    return s;
+  });
+  const auto it = std::find(members.begin(), members.end(), rank.id());
+  g.local_rank_ = int(it - members.begin());
+  return g;
+}
+
+Mesh make_mesh(Rank& rank, const MeshDims& d) {
+  COCEMU_CHECK_ARG(d.tp >= 1 && d.cp >= 1 && d.dp >= 1 && d.pp >= 1 &&
+                       d.tp * d.cp * d.dp * d.pp == rank.world_size(),
+                   "make_mesh on rank {}: tp·cp·dp·pp = {}·{}·{}·{} = {} must equal the world size "
+                   "{} (each factor >= 1)",
+                   rank.id(), d.tp, d.cp, d.dp, d.pp, d.tp * d.cp * d.dp * d.pp, rank.world_size());
+  Mesh m;
+  m.dims = d;
+  const int r = rank.id();
+  m.tp_rank = r % d.tp;
+  m.cp_rank = (r / d.tp) % d.cp;
+  m.dp_rank = (r / (d.tp * d.cp)) % d.dp;
+  m.pp_rank = r / (d.tp * d.cp * d.dp);
+  auto rank_of = [&](int t, int c, int dd, int p) {
+    return t + d.tp * (c + d.cp * (dd + d.dp * p));
+  };
+  // Every rank creates every group in the same order; it keeps the ones it belongs to.
+  auto build = [&](const char* kind, int count_outer, auto members_of, Group& out) {
+    for (int i = 0; i < count_outer; ++i) {
+      std::vector<int> ranks = members_of(i);
+      Group g = new_group(rank, ranks, fmt::format("{}{}", kind, i));
+      if (g.is_member()) out = g;
+    }
+  };
+  build(
+      "tp", d.cp * d.dp * d.pp,
+      [&](int i) {
+        std::vector<int> v;
+        for (int t = 0; t < d.tp; ++t)
+          v.push_back(i * d.tp + t);
+        return v;
+      },
+      m.tp);
+  build(
+      "cp", d.tp * d.dp * d.pp,
+      [&](int i) {
+        const int t = i % d.tp, dd = (i / d.tp) % d.dp, p = i / (d.tp * d.dp);
+        std::vector<int> v;
+        for (int c = 0; c < d.cp; ++c)
+          v.push_back(rank_of(t, c, dd, p));
+        return v;
+      },
+      m.cp);
+  build(
+      "dp", d.tp * d.cp * d.pp,
+      [&](int i) {
+        const int t = i % d.tp, c = (i / d.tp) % d.cp, p = i / (d.tp * d.cp);
+        std::vector<int> v;
+        for (int dd = 0; dd < d.dp; ++dd)
+          v.push_back(rank_of(t, c, dd, p));
+        return v;
+      },
+      m.dp);
+  build(
+      "pp", d.tp * d.cp * d.dp,
+      [&](int i) {
+        const int t = i % d.tp, c = (i / d.tp) % d.cp, dd = i / (d.tp * d.cp);
+        std::vector<int> v;
+        for (int p = 0; p < d.pp; ++p)
+          v.push_back(rank_of(t, c, dd, p));
+        return v;
+      },
+      m.pp);
+  return m;
+}
+
+}  // namespace cocemu

@@ -1,0 +1,92 @@
+#pragma once
+// Shared state of one process group (private to collectives/).
+#include <array>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cocemu/collectives/plan.h"
+#include "cocemu/runtime/sync.h"
+#include "cocemu/runtime/world.h"
+
+namespace cocemu::detail {
+
+/// What a rank says it is calling; ranks must agree on all of it.
+struct CallSignature {
+  CollOp op = CollOp::barrier;
+  DType dtype = DType::f32;
+  std::int64_t count = 0;
+  int root = 0;
+  ReduceOp reduce_op = ReduceOp::sum;
+  Algorithm algorithm = Algorithm::direct;
+  bool deterministic = true;
+  bool operator==(const CallSignature&) const = default;
+};
+std::string describe(const CallSignature& s, std::uint64_t seq);
+
+/// One member's published view of a call: written before the entry barrier, read by peers after.
+struct CallSlot {
+  std::atomic<std::uint64_t> seq{~0ull};
+  CallSignature sig;
+  std::byte* in = nullptr;
+  std::byte* out = nullptr;
+  std::byte* scratch = nullptr;
+  std::vector<std::int64_t> send_counts;  // all_to_all with splits (elements)
+  std::vector<std::int64_t> recv_counts;
+};
+
+struct Message {
+  std::vector<std::byte> data;
+  DType dtype = DType::f32;
+  std::int64_t count = 0;
+  int tag = 0;
+  std::uint64_t index = 0;
+};
+
+/// An ordered channel src -> dst for point-to-point messages.
+struct Mailbox {
+  std::mutex mu;
+  std::deque<Message> queue;
+  Counter posted;
+};
+
+/// A plan and its price, reused for repeated calls of the same shape (host side).
+struct CachedPlan {
+  Plan plan;
+  PlanCost cost;
+};
+
+struct Member {
+  std::array<CallSlot, 2> slots;  // by sequence parity
+  std::vector<std::byte> scratch;
+  std::uint64_t barriers = 0;    // barriers this member has passed (worker side)
+  std::uint64_t fast_calls = 0;  // small calls completed by their last arriver (worker side)
+  std::uint64_t host_seq = 0;    // next collective sequence number (host side)
+  std::vector<std::uint64_t> sends_to, recvs_from;  // p2p counters per peer (host side)
+  std::vector<std::uint64_t> received_from;         // p2p counters per peer (worker side)
+  std::map<std::pair<std::uint64_t, std::int64_t>, std::shared_ptr<const CachedPlan>> plans;
+};
+
+struct GroupState {
+  int id = 0;
+  std::string name;
+  std::string key;         // the world-shared key; unique per group, used for rendezvous keys
+  std::vector<int> ranks;  // world ranks by group rank
+  std::vector<Member> members;
+  Counter arrivals;   // group barrier
+  Counter fast_done;  // small calls finished by their last arriving member
+  std::vector<std::unique_ptr<Mailbox>> mailboxes;  // [src * n + dst]
+
+  GroupState(int id_, std::string name_, std::vector<int> ranks_);
+  int size() const { return int(ranks.size()); }
+  Mailbox& mailbox(int src, int dst) { return *mailboxes[std::size_t(src * size() + dst)]; }
+  /// Member `me` arrives at its next barrier and waits for all (bounded).
+  void barrier(int me, const std::function<std::string()>& what);
+  /// Arrives at the next barrier without waiting; true if this member was the last to arrive.
+  bool arrive(int me);
+};
+
+}  // namespace cocemu::detail

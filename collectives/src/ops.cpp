@@ -1,0 +1,607 @@
+#include "cocemu/collectives/ops.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cocemu/runtime/error.h"
+#include "executor.h"
+#include "group_state.h"
+
+namespace cocemu {
+
+namespace detail {
+std::string describe(const CallSignature& s, std::uint64_t seq) {
+  std::string out =
+      fmt::format("{}(seq {}, dtype {}, count {}", to_string(s.op), seq, name_of(s.dtype), s.count);
+  if (s.op == CollOp::broadcast || s.op == CollOp::reduce || s.op == CollOp::gather ||
+      s.op == CollOp::scatter)
+    out += fmt::format(", root {}", s.root);
+  if (s.op == CollOp::all_reduce || s.op == CollOp::reduce_scatter || s.op == CollOp::reduce)
+    out += fmt::format(", op {}", to_string(s.reduce_op));
+  out += fmt::format(", algo {}{})", to_string(s.algorithm),
+                     s.deterministic ? "" : ", nondeterministic");
+  return out;
+}
+}  // namespace detail
+
+using detail::CallSignature;
+using detail::GroupState;
+
+void Work::wait() const {
+  if (rank_) rank_->current_stream().wait(end_);
+}
+
+void Work::synchronize() const {
+  end_.synchronize();
+}
+
+namespace {
+
+struct Call {
+  CallSignature sig;
+  Tensor in, out;
+  std::uint64_t size_bytes = 0;                        // nccl-tests "size" of the call
+  std::vector<std::int64_t> send_counts, recv_counts;  // all_to_all with splits, elements
+};
+
+std::size_t acc_size(DType t) {
+  return t == DType::f64 ? 8 : 4;
+}
+
+void check_member(Group& g, const char* call) {
+  COCEMU_CHECK_ARG(g.is_member(), "{} on rank {}: rank is not a member of group {} (size {})", call,
+                   g.owner().id(), g.name(), g.size());
+}
+
+std::string where(Group& g, const char* call) {
+  return fmt::format("{} on rank {} (group {} rank {} of {})", call, g.owner().id(), g.name(),
+                     g.rank(), g.size());
+}
+
+void check_tensor(Group& g, const char* call, const char* what, const Tensor& t) {
+  COCEMU_CHECK_ARG(t.defined(), "{}: {} tensor is undefined", where(g, call), what);
+  COCEMU_CHECK_ARG(t.has_data() || !g.owner().numerics(),
+                   "{}: {} tensor {} has no storage but numerics are on", where(g, call), what,
+                   t.describe());
+}
+
+void check_same_dtype(Group& g, const char* call, const Tensor& in, const Tensor& out) {
+  COCEMU_CHECK_ARG(in.dtype() == out.dtype(), "{}: input {} and output {} must have the same dtype",
+                   where(g, call), in.describe(), out.describe());
+}
+
+/// Output either is the input, or does not overlap it.
+void check_alias(Group& g, const char* call, const Tensor& in, const Tensor& out, bool allow_same) {
+  if (!in.has_data() || !out.has_data() || !in.overlaps(out)) return;
+  const bool same = in.raw() == out.raw() && in.nbytes() == out.nbytes();
+  COCEMU_CHECK_ARG(allow_same && same, "{}: input {} and output {} overlap in memory; allowed: {}",
+                   where(g, call), in.describe(), out.describe(),
+                   allow_same ? "identical (in place) or disjoint" : "disjoint only");
+}
+
+/// Calls whose single round touches at most this many bytes per member are executed entirely by
+/// the member that arrives last: one synchronisation instead of two, which halves the latency of
+/// small collectives when there are more rank threads than cores.
+constexpr std::uint64_t kFastPathBytes = 64 << 10;
+
+void publish(GroupState& gs, int me, std::uint64_t seq, const CallSignature& sig,
+             const detail::MemberBuffers& mine, const Call& call) {
+  detail::CallSlot& slot = gs.members[std::size_t(me)].slots[seq & 1];
+  slot.sig = sig;
+  slot.in = mine.in;
+  slot.out = mine.out;
+  slot.scratch = mine.scratch;
+  slot.send_counts = call.send_counts;
+  slot.recv_counts = call.recv_counts;
+  slot.seq.store(seq, std::memory_order_release);
+}
+
+std::string missing_members(GroupState& gs, std::uint64_t seq, const CallSignature& sig) {
+  std::string missing;
+  for (int j = 0; j < gs.size(); ++j) {
+    const auto& m = gs.members[std::size_t(j)];
+    if (m.slots[seq & 1].seq.load() == seq) continue;
+    std::uint64_t last = 0;
+    bool any = false;
+    for (const auto& s : m.slots) {
+      const std::uint64_t v = s.seq.load();
+      if (v == ~0ull) continue;
+      last = any ? std::max(last, v) : v;
+      any = true;
+    }
+    missing += fmt::format(" group rank {} (world rank {}, {}),", j, gs.ranks[std::size_t(j)],
+                           any ? fmt::format("last joined seq {}", last) : "joined nothing yet");
+  }
+  if (!missing.empty()) missing.pop_back();
+  return fmt::format("peers to join {} on group {}; not yet joined:{}", detail::describe(sig, seq),
+                     gs.name, missing.empty() ? " (none)" : missing);
+}
+
+/// After every member has published: all signatures must equal this member's.
+void check_signatures(GroupState& gs, int me, std::uint64_t seq, const CallSignature& sig) {
+  for (int j = 0; j < gs.size(); ++j) {
+    const detail::CallSlot& other = gs.members[std::size_t(j)].slots[seq & 1];
+    COCEMU_CHECK(other.sig == sig, Errc::mismatch,
+                 "collective mismatch on group {}: world rank {} (group rank {}) called {}, but "
+                 "world rank {} (group rank {}) called {}",
+                 gs.name, gs.ranks[std::size_t(me)], me, detail::describe(sig, seq),
+                 gs.ranks[std::size_t(j)], j, detail::describe(other.sig, seq));
+  }
+}
+
+void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
+                  std::shared_ptr<const detail::CachedPlan> cached) {
+  const Plan* plan_ptr = &cached->plan;
+  const CallSignature& sig = call.sig;
+  detail::Member& member = gs.members[std::size_t(me)];
+  const std::size_t scratch_bytes = std::size_t(plan_ptr->scratch_elems) * acc_size(sig.dtype);
+  if (member.scratch.size() < scratch_bytes) member.scratch.resize(scratch_bytes);
+  detail::MemberBuffers mine{
+      call.in.defined() && call.in.has_data() ? static_cast<std::byte*>(call.in.raw()) : nullptr,
+      call.out.defined() && call.out.has_data() ? static_cast<std::byte*>(call.out.raw()) : nullptr,
+      member.scratch.data()};
+  publish(gs, me, seq, sig, mine, call);
+  const int n = gs.size();
+  const Plan& cached_plan = cached->plan;
+  if (cached_plan.rounds.size() <= 1 && call.send_counts.empty() &&
+      call.size_bytes <= kFastPathBytes) {
+    // Small call: the last member to arrive executes every member's steps.
+    detail::Member& self = gs.members[std::size_t(me)];
+    const std::uint32_t done_target = std::uint32_t(++self.fast_calls);
+    if (gs.arrive(me)) {
+      check_signatures(gs, me, seq, sig);
+      std::vector<detail::MemberBuffers> bufs(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
+        bufs[std::size_t(j)] = {s.in, s.out, s.scratch};
+      }
+      for (int actor = 0; actor < n; ++actor)
+        execute_plan(cached_plan, actor, n, bufs, sig.dtype, sig.reduce_op, [](int) {});
+      gs.fast_done.add(1);
+    } else {
+      gs.fast_done.wait_geq(done_target, [&] { return missing_members(gs, seq, sig); });
+    }
+    return;
+  }
+  gs.barrier(me, [&] { return missing_members(gs, seq, sig); });
+  check_signatures(gs, me, seq, sig);
+  std::vector<detail::MemberBuffers> bufs(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
+    bufs[std::size_t(j)] = {s.in, s.out, s.scratch};
+  }
+  Plan exchange_plan;
+  if (sig.op == CollOp::all_to_all && !call.send_counts.empty()) {
+    // Explicit splits: what each rank receives must be what its peers send it.
+    PlanRequest req{sig.op, sig.algorithm, n, 0, 0, sig.deterministic, {}};
+    for (int j = 0; j < n; ++j) {
+      const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
+      COCEMU_CHECK(s.send_counts.size() == std::size_t(n), Errc::mismatch,
+                   "all_to_all seq {} on group {}: group rank {} gave no split sizes while rank "
+                   "{} did",
+                   seq, gs.name, j, me);
+      COCEMU_CHECK(
+          s.send_counts[std::size_t(me)] == call.recv_counts[std::size_t(j)], Errc::mismatch,
+          "all_to_all seq {} on group {}: group rank {} sends {} elements to group rank "
+          "{}, which expects {} (its output_splits)",
+          seq, gs.name, j, s.send_counts[std::size_t(me)], me, call.recv_counts[std::size_t(j)]);
+      req.send_counts.push_back(s.send_counts);
+    }
+    exchange_plan = build_plan(req);
+    plan_ptr = &exchange_plan;
+  }
+  execute_plan(*plan_ptr, me, n, bufs, sig.dtype, sig.reduce_op, [&](int round) {
+    gs.barrier(me, [&] {
+      return fmt::format("peers to finish round {} of {} on group {}", round + 1,
+                         detail::describe(sig, seq), gs.name);
+    });
+  });
+  gs.barrier(me, [&] {
+    return fmt::format("peers to finish {} on group {}", detail::describe(sig, seq), gs.name);
+  });
+}
+
+Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
+  Rank& rank = g.owner();
+  const std::uint64_t seq = g.next_sequence();
+  CallSignature& sig = call.sig;
+  sig.deterministic = o.deterministic.value_or(rank.deterministic());
+  sig.algorithm = o.algo == Algorithm::automatic
+                      ? parse_algorithm(rank.profile().auto_algorithm(call.size_bytes))
+                      : o.algo;
+  PlanRequest req{sig.op, sig.algorithm, g.size(), sig.count, sig.root, sig.deterministic, {}};
+  std::shared_ptr<const detail::CachedPlan> cached;
+  if (!call.send_counts.empty()) {  // price from this rank's own view of the exchange
+    req.send_counts.assign(std::size_t(g.size()), call.send_counts);
+    Plan plan = build_plan(req);
+    PlanCost cost = price_plan(plan, rank.profile(), sig.dtype);
+    cached = std::make_shared<const detail::CachedPlan>(
+        detail::CachedPlan{std::move(plan), std::move(cost)});
+  } else {
+    auto& cache = g.state().members[std::size_t(g.rank())].plans;
+    const std::uint64_t key = std::uint64_t(sig.op) | std::uint64_t(sig.algorithm) << 8 |
+                              std::uint64_t(sig.deterministic) << 16 |
+                              std::uint64_t(sig.dtype) << 24 | std::uint64_t(sig.root) << 32;
+    auto& slot = cache[{key, sig.count}];
+    if (!slot) {
+      Plan plan = build_plan(req);
+      PlanCost cost = price_plan(plan, rank.profile(), sig.dtype);
+      slot = std::make_shared<const detail::CachedPlan>(
+          detail::CachedPlan{std::move(plan), std::move(cost)});
+    }
+    cached = slot;
+  }
+  const PlanCost& cost = cached->cost;
+  OpSpec spec;
+  spec.name = fmt::format("{}{} {}", to_string(sig.op), o.label, format_bytes(call.size_bytes));
+  spec.cls = OpClass::comm;
+  spec.work_ns = cost.total_ns;
+  spec.bytes = call.size_bytes;
+  spec.detail =
+      fmt::format("group {} seq {} algo {} dtype {}{}", g.name(), seq, to_string(sig.algorithm),
+                  name_of(sig.dtype), sig.deterministic ? "" : " nondeterministic");
+  spec.rendezvous.push_back({fmt::format("coll/{}/{}", g.state().key, seq), g.size()});
+  if (cost.round_ns.size() > 1)
+    for (std::size_t r = 0; r < cost.round_ns.size(); ++r)
+      spec.phases.push_back(
+          {fmt::format("round {}/{}", r + 1, cost.round_ns.size()), cost.round_ns[r]});
+  Stream& current = rank.current_stream();
+  Stream& comm = rank.comm_stream();
+  if (&current != &comm) comm.wait(current.record());  // the producer has written the input
+  const int me = g.rank();
+  Group keep = g;
+  comm.launch(std::move(spec), [keep, me, seq, call = std::move(call), cached] {
+    keep.owner().note_activity(
+        fmt::format("{} seq {} on group {}", to_string(call.sig.op), seq, keep.name()));
+    execute_call(keep.state(), me, seq, call, cached);
+  });
+  Work w(&rank, comm.record());
+  if (!o.async_op) w.wait();
+  return w;
+}
+
+Call make_call(CollOp op, const Tensor& dtype_from, std::int64_t count, std::uint64_t size_bytes) {
+  Call c;
+  c.sig.op = op;
+  c.sig.dtype = dtype_from.dtype();
+  c.sig.count = count;
+  c.size_bytes = size_bytes;
+  return c;
+}
+
+void check_reduce_op(Group& g, const char* call, DType t, ReduceOp op) {
+  COCEMU_CHECK_ARG(op != ReduceOp::avg || is_floating(t),
+                   "{}: reduce op avg needs a floating dtype, got {}; allowed for integers: sum, "
+                   "max, min, prod",
+                   where(g, call), name_of(t));
+}
+
+}  // namespace
+
+Work all_reduce(Group& g, const Tensor& tensor, const CollectiveOptions& o) {
+  return all_reduce(g, tensor, tensor, o);
+}
+
+Work all_reduce(Group& g, const Tensor& input, const Tensor& output, const CollectiveOptions& o) {
+  check_member(g, "all_reduce");
+  check_tensor(g, "all_reduce", "input", input);
+  check_tensor(g, "all_reduce", "output", output);
+  check_same_dtype(g, "all_reduce", input, output);
+  COCEMU_CHECK_ARG(input.numel() == output.numel(),
+                   "{}: input {} and output {} must have the same number of elements",
+                   where(g, "all_reduce"), input.describe(), output.describe());
+  check_alias(g, "all_reduce", input, output, true);
+  check_reduce_op(g, "all_reduce", input.dtype(), o.op);
+  Call c = make_call(CollOp::all_reduce, input, input.numel(), input.nbytes());
+  c.sig.reduce_op = o.op;
+  c.in = input;
+  c.out = output;
+  return enqueue(g, std::move(c), o);
+}
+
+Work reduce_scatter(Group& g, const Tensor& output, const Tensor& input,
+                    const CollectiveOptions& o) {
+  check_member(g, "reduce_scatter");
+  check_tensor(g, "reduce_scatter", "input", input);
+  check_tensor(g, "reduce_scatter", "output", output);
+  check_same_dtype(g, "reduce_scatter", input, output);
+  COCEMU_CHECK_ARG(input.numel() == output.numel() * g.size(),
+                   "{}: input {} must have group size × output elements ({} × {} = {}), has {}",
+                   where(g, "reduce_scatter"), input.describe(), g.size(), output.numel(),
+                   output.numel() * g.size(), input.numel());
+  if (input.has_data() && output.has_data() && input.overlaps(output)) {
+    const Tensor mine = input.flat(g.rank() * output.numel(), (g.rank() + 1) * output.numel());
+    COCEMU_CHECK_ARG(mine.raw() == output.raw(),
+                     "{}: output {} overlaps input {} but is not block {} of it (in-place "
+                     "reduce_scatter needs exactly that block)",
+                     where(g, "reduce_scatter"), output.describe(), input.describe(), g.rank());
+  }
+  check_reduce_op(g, "reduce_scatter", input.dtype(), o.op);
+  Call c = make_call(CollOp::reduce_scatter, input, output.numel(), input.nbytes());
+  c.sig.reduce_op = o.op;
+  c.in = input;
+  c.out = output;
+  return enqueue(g, std::move(c), o);
+}
+
+Work all_gather(Group& g, const Tensor& output, const Tensor& input, const CollectiveOptions& o) {
+  check_member(g, "all_gather");
+  check_tensor(g, "all_gather", "input", input);
+  check_tensor(g, "all_gather", "output", output);
+  check_same_dtype(g, "all_gather", input, output);
+  COCEMU_CHECK_ARG(output.numel() == input.numel() * g.size(),
+                   "{}: output {} must have group size × input elements ({} × {} = {}), has {}",
+                   where(g, "all_gather"), output.describe(), g.size(), input.numel(),
+                   input.numel() * g.size(), output.numel());
+  if (input.has_data() && output.has_data() && input.overlaps(output)) {
+    const Tensor mine = output.flat(g.rank() * input.numel(), (g.rank() + 1) * input.numel());
+    COCEMU_CHECK_ARG(mine.raw() == input.raw(),
+                     "{}: input {} overlaps output {} but is not block {} of it (in-place "
+                     "all_gather needs exactly that block)",
+                     where(g, "all_gather"), input.describe(), output.describe(), g.rank());
+  }
+  Call c = make_call(CollOp::all_gather, input, input.numel(), output.nbytes());
+  c.in = input;
+  c.out = output;
+  return enqueue(g, std::move(c), o);
+}
+
+namespace {
+void check_root(Group& g, const char* call, int root) {
+  COCEMU_CHECK_ARG(root >= 0 && root < g.size(), "{}: root {} out of range; allowed 0..{}",
+                   where(g, call), root, g.size() - 1);
+}
+}  // namespace
+
+Work broadcast(Group& g, const Tensor& tensor, int root, const CollectiveOptions& o) {
+  check_member(g, "broadcast");
+  check_tensor(g, "broadcast", "tensor", tensor);
+  check_root(g, "broadcast", root);
+  Call c = make_call(CollOp::broadcast, tensor, tensor.numel(), tensor.nbytes());
+  c.sig.root = root;
+  c.in = tensor;
+  c.out = tensor;
+  return enqueue(g, std::move(c), o);
+}
+
+Work reduce(Group& g, const Tensor& tensor, int root, const CollectiveOptions& o) {
+  check_member(g, "reduce");
+  check_tensor(g, "reduce", "tensor", tensor);
+  check_root(g, "reduce", root);
+  check_reduce_op(g, "reduce", tensor.dtype(), o.op);
+  Call c = make_call(CollOp::reduce, tensor, tensor.numel(), tensor.nbytes());
+  c.sig.root = root;
+  c.sig.reduce_op = o.op;
+  c.in = tensor;
+  c.out = tensor;
+  return enqueue(g, std::move(c), o);
+}
+
+Work gather(Group& g, const Tensor& output, const Tensor& input, int root,
+            const CollectiveOptions& o) {
+  check_member(g, "gather");
+  check_tensor(g, "gather", "input", input);
+  check_root(g, "gather", root);
+  Call c = make_call(CollOp::gather, input, input.numel(), input.nbytes() * std::size_t(g.size()));
+  c.sig.root = root;
+  c.in = input;
+  if (g.rank() == root) {
+    check_tensor(g, "gather", "output", output);
+    check_same_dtype(g, "gather", input, output);
+    COCEMU_CHECK_ARG(output.numel() == input.numel() * g.size(),
+                     "{}: root output {} must have group size × input elements ({})",
+                     where(g, "gather"), output.describe(), input.numel() * g.size());
+    check_alias(g, "gather", input, output, false);
+    c.out = output;
+  }
+  return enqueue(g, std::move(c), o);
+}
+
+Work scatter(Group& g, const Tensor& output, const Tensor& input, int root,
+             const CollectiveOptions& o) {
+  check_member(g, "scatter");
+  check_tensor(g, "scatter", "output", output);
+  check_root(g, "scatter", root);
+  Call c =
+      make_call(CollOp::scatter, output, output.numel(), output.nbytes() * std::size_t(g.size()));
+  c.sig.root = root;
+  c.out = output;
+  if (g.rank() == root) {
+    check_tensor(g, "scatter", "input", input);
+    check_same_dtype(g, "scatter", input, output);
+    COCEMU_CHECK_ARG(input.numel() == output.numel() * g.size(),
+                     "{}: root input {} must have group size × output elements ({})",
+                     where(g, "scatter"), input.describe(), output.numel() * g.size());
+    check_alias(g, "scatter", input, output, false);
+    c.in = input;
+  }
+  return enqueue(g, std::move(c), o);
+}
+
+Work all_to_all(Group& g, const Tensor& output, const Tensor& input, const CollectiveOptions& o) {
+  check_member(g, "all_to_all");
+  check_tensor(g, "all_to_all", "input", input);
+  check_tensor(g, "all_to_all", "output", output);
+  check_same_dtype(g, "all_to_all", input, output);
+  COCEMU_CHECK_ARG(input.numel() == output.numel() && input.numel() % g.size() == 0,
+                   "{}: input {} and output {} must have the same element count, divisible by the "
+                   "group size {}",
+                   where(g, "all_to_all"), input.describe(), output.describe(), g.size());
+  check_alias(g, "all_to_all", input, output, false);
+  Call c = make_call(CollOp::all_to_all, input, input.numel() / g.size(), input.nbytes());
+  c.in = input;
+  c.out = output;
+  return enqueue(g, std::move(c), o);
+}
+
+Work all_to_all(Group& g, const Tensor& output, const Tensor& input,
+                const std::vector<std::int64_t>& output_splits,
+                const std::vector<std::int64_t>& input_splits, const CollectiveOptions& o) {
+  check_member(g, "all_to_all");
+  check_tensor(g, "all_to_all", "input", input);
+  check_tensor(g, "all_to_all", "output", output);
+  check_same_dtype(g, "all_to_all", input, output);
+  check_alias(g, "all_to_all", input, output, false);
+  const std::size_t n = std::size_t(g.size());
+  COCEMU_CHECK_ARG(output_splits.size() == n && input_splits.size() == n,
+                   "{}: output_splits has {} and input_splits {} entries; both need one per group "
+                   "rank ({})",
+                   where(g, "all_to_all"), output_splits.size(), input_splits.size(), n);
+  COCEMU_CHECK_ARG(input.ndim() >= 1 && output.ndim() >= 1 &&
+                       input.shape().row_numel() == output.shape().row_numel(),
+                   "{}: input {} and output {} must have the same row size", where(g, "all_to_all"),
+                   input.describe(), output.describe());
+  const std::int64_t row = input.shape().row_numel();
+  std::int64_t in_rows = 0, out_rows = 0;
+  Call c = make_call(CollOp::all_to_all, input, -1, input.nbytes());
+  for (std::size_t p = 0; p < n; ++p) {
+    COCEMU_CHECK_ARG(input_splits[p] >= 0 && output_splits[p] >= 0,
+                     "{}: split sizes must be >= 0 (input_splits[{}] = {}, output_splits[{}] = {})",
+                     where(g, "all_to_all"), p, input_splits[p], p, output_splits[p]);
+    in_rows += input_splits[p];
+    out_rows += output_splits[p];
+    c.send_counts.push_back(input_splits[p] * row);
+    c.recv_counts.push_back(output_splits[p] * row);
+  }
+  COCEMU_CHECK_ARG(in_rows == input.size(0) && out_rows == output.size(0),
+                   "{}: input_splits sum to {} rows (input has {}), output_splits to {} (output "
+                   "has {})",
+                   where(g, "all_to_all"), in_rows, input.size(0), out_rows, output.size(0));
+  c.in = input;
+  c.out = output;
+  return enqueue(g, std::move(c), o);
+}
+
+Work barrier(Group& g, const CollectiveOptions& o) {
+  check_member(g, "barrier");
+  Call c;
+  c.sig.op = CollOp::barrier;
+  c.sig.dtype = DType::f32;
+  return enqueue(g, std::move(c), o);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point to point
+
+Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
+  check_member(g, "batch_isend_irecv");
+  Rank& rank = g.owner();
+  const DeviceProfile& prof = rank.profile();
+  GroupState& gs = g.state();
+  const int me = g.rank();
+  detail::Member& member = gs.members[std::size_t(me)];
+  struct Planned {
+    P2POp op;
+    std::uint64_t index;
+  };
+  std::vector<Planned> planned;
+  OpSpec spec;
+  spec.cls = OpClass::comm;
+  std::vector<double> to(static_cast<std::size_t>(g.size())), from(std::size_t(g.size()));
+  double total_out = 0, total_in = 0;
+  for (const P2POp& op : ops) {
+    const char* call = op.kind == P2POp::send ? "send" : "recv";
+    check_tensor(g, call, "tensor", op.tensor);
+    COCEMU_CHECK_ARG(op.peer >= 0 && op.peer < g.size(), "{}: peer {} out of range; allowed 0..{}",
+                     where(g, call), op.peer, g.size() - 1);
+    const std::size_t p = std::size_t(op.peer);
+    const double b = double(op.tensor.nbytes());
+    std::uint64_t index;
+    if (op.kind == P2POp::send) {
+      index = member.sends_to[p]++;
+      spec.rendezvous.push_back({fmt::format("p2p/{}/{}->{}/{}", gs.key, me, op.peer, index), 2});
+      to[p] += b;
+      total_out += b;
+    } else {
+      index = member.recvs_from[p]++;
+      spec.rendezvous.push_back({fmt::format("p2p/{}/{}->{}/{}", gs.key, op.peer, me, index), 2});
+      from[p] += b;
+      total_in += b;
+    }
+    spec.bytes += op.tensor.nbytes();
+    planned.push_back({op, index});
+  }
+  double link_s = std::max(total_out, total_in) / prof.link_per_rank_bandwidth;
+  for (std::size_t p = 0; p < to.size(); ++p)
+    link_s = std::max(
+        {link_s, to[p] / prof.link_per_peer_bandwidth, from[p] / prof.link_per_peer_bandwidth});
+  spec.work_ns = prof.link_latency_ns + link_s * 1e9;
+  if (ops.size() == 1)
+    spec.name = fmt::format("{} {} {} {}", ops[0].kind == P2POp::send ? "send" : "recv",
+                            format_bytes(ops[0].tensor.nbytes()),
+                            ops[0].kind == P2POp::send ? "to" : "from", ops[0].peer);
+  else
+    spec.name = fmt::format("batch_isend_irecv x{} {}", ops.size(), format_bytes(spec.bytes));
+  spec.detail = fmt::format("group {}", g.name());
+  Stream& current = rank.current_stream();
+  Stream& comm = rank.comm_stream();
+  if (&current != &comm) comm.wait(current.record());
+  Group keep = g;
+  comm.launch(std::move(spec), [keep, me, planned = std::move(planned)] {
+    GroupState& gs = keep.state();
+    detail::Member& m = gs.members[std::size_t(me)];
+    for (const Planned& p : planned) {  // sends are eager: copy out and post
+      if (p.op.kind != P2POp::send) continue;
+      detail::Message msg;
+      msg.data.resize(p.op.tensor.nbytes());
+      if (!msg.data.empty()) std::memcpy(msg.data.data(), p.op.tensor.raw(), msg.data.size());
+      msg.dtype = p.op.tensor.dtype();
+      msg.count = p.op.tensor.numel();
+      msg.tag = p.op.tag;
+      msg.index = p.index;
+      detail::Mailbox& mb = gs.mailbox(me, p.op.peer);
+      {
+        std::lock_guard lock(mb.mu);
+        mb.queue.push_back(std::move(msg));
+      }
+      mb.posted.add(1);
+    }
+    for (const Planned& p : planned) {
+      if (p.op.kind != P2POp::recv) continue;
+      detail::Mailbox& mb = gs.mailbox(p.op.peer, me);
+      const std::uint64_t idx = m.received_from[std::size_t(p.op.peer)]++;
+      keep.owner().note_activity(
+          fmt::format("recv #{} from group rank {} on group {}", idx, p.op.peer, gs.name));
+      mb.posted.wait_geq(std::uint32_t(idx + 1), [&] {
+        return fmt::format(
+            "send #{} from group rank {} (world rank {}) to group rank {} on "
+            "group {} (matching recv of {} {})",
+            idx, p.op.peer, gs.ranks[std::size_t(p.op.peer)], me, gs.name, p.op.tensor.describe(),
+            p.op.tag ? fmt::format("tag {}", p.op.tag) : "");
+      });
+      detail::Message msg;
+      {
+        std::lock_guard lock(mb.mu);
+        msg = std::move(mb.queue.front());
+        mb.queue.pop_front();
+      }
+      COCEMU_CHECK(msg.dtype == p.op.tensor.dtype() && msg.count == p.op.tensor.numel() &&
+                       msg.tag == p.op.tag,
+                   Errc::mismatch,
+                   "p2p mismatch on group {}: group rank {} receives #{} from group rank {} into "
+                   "{} with tag {}, but that send carries {} elements of {} with tag {}",
+                   gs.name, me, idx, p.op.peer, p.op.tensor.describe(), p.op.tag, msg.count,
+                   name_of(msg.dtype), msg.tag);
+      if (!msg.data.empty()) std::memcpy(p.op.tensor.raw(), msg.data.data(), msg.data.size());
+    }
+  });
+  return Work(&rank, comm.record());
+}
+
+Work isend(Group& g, const Tensor& tensor, int dst, int tag) {
+  return batch_isend_irecv(g, {P2POp{P2POp::send, tensor, dst, tag}});
+}
+
+Work irecv(Group& g, const Tensor& tensor, int src, int tag) {
+  return batch_isend_irecv(g, {P2POp{P2POp::recv, tensor, src, tag}});
+}
+
+void send(Group& g, const Tensor& tensor, int dst, int tag) {
+  isend(g, tensor, dst, tag).wait();
+}
+
+void recv(Group& g, const Tensor& tensor, int src, int tag) {
+  irecv(g, tensor, src, tag).wait();
+}
+
+}  // namespace cocemu

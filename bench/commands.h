@@ -1,0 +1,10 @@
+#pragma once
+// Subcommands of the `cocemu` executable.
+#include <CLI/CLI.hpp>
+
+namespace cocemu::cli {
+
+/// Registers `cocemu collbench` on `app`.
+void add_collbench(CLI::App& app);
+
+}  // namespace cocemu::cli

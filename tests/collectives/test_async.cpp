@@ -1,0 +1,147 @@
+// PyTorch Work semantics (R-CO-3) and the modeled timeline of collectives (R-RT-6): work.wait()
+// makes the compute stream wait without blocking the host; collectives end at the same modeled time
+// everywhere; hand-worked programs give golden modeled times.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/cost_model.h"
+#include "testing.h"
+
+namespace cocemu {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::round_profile;
+using testing::run_ranks;
+
+TEST(Async, WorkWaitDoesNotBlockTheHostButOrdersTheComputeStream) {
+  run_ranks(2, [](Rank& rank) {
+    Group g = Group::world(rank);
+    Tensor t = Tensor::zeros({4}, DType::f32);
+    t.data<float>()[0] = float(rank.id() + 1);
+    if (rank.id() == 1) std::this_thread::sleep_for(150ms);  // rank 1 joins late
+    const auto t0 = std::chrono::steady_clock::now();
+    Work w = all_reduce(g, t, {.async_op = true});
+    w.wait();
+    const auto host_time = std::chrono::steady_clock::now() - t0;
+    float seen = -1;
+    rank.compute_stream().launch({.name = "consumer"}, [&] { seen = t.data<float>()[0]; });
+    if (rank.id() == 0) {
+      EXPECT_LT(host_time, 100ms) << "wait() must not block the host";
+      EXPECT_FALSE(w.is_completed());
+    }
+    rank.compute_stream().synchronize();
+    EXPECT_EQ(seen, 3.0f);
+    EXPECT_TRUE(w.is_completed());
+  });
+}
+
+TEST(Async, CollectiveWaitsForTheProducerOnTheCurrentStream) {
+  run_ranks(3, [](Rank& rank) {
+    Group g = Group::world(rank);
+    Tensor t = Tensor::zeros({1000}, DType::i32);
+    rank.compute_stream().launch({.name = "slow producer"}, [&] {
+      std::this_thread::sleep_for(30ms);
+      for (int i = 0; i < 1000; ++i)
+        t.data<std::int32_t>()[i] = rank.id() + 1;
+    });
+    all_reduce(g, t).synchronize();  // must see the producer's values
+    EXPECT_EQ(t.data<std::int32_t>()[999], 6);
+  });
+}
+
+TEST(Async, CollectiveEndsAtTheSameModeledTimeOnEveryRank) {
+  const RunResult r = run_ranks(
+      4,
+      [](Rank& rank) {
+        Group g = Group::world(rank);
+        rank.compute_stream().launch({.name = "uneven", .work_ns = 1000.0 * (rank.id() + 1)},
+                                     [] {});
+        all_reduce(g, Tensor::zeros({1024}, DType::f32));
+      },
+      [] {
+        WorldOptions o;
+        o.profile = round_profile();
+        return o;
+      }());
+  std::vector<ScheduledOp> ends;
+  for (int k = 0; k < 4; ++k)
+    for (const auto& op : r.graph.ranks[k].ops)
+      if (op.cls == OpClass::comm) ends.push_back(r.timeline.at({k, op.index}));
+  ASSERT_EQ(ends.size(), 4u);
+  for (const auto& e : ends) {
+    EXPECT_EQ(e.start_ns, 4000);  // the slowest producer
+    EXPECT_EQ(e.end_ns, ends[0].end_ns);
+  }
+}
+
+// Serial matmul -> all_reduce versus the same work split into 4 chunks over two streams, on the
+// round-number profile (1 TFLOP/s, links 1 byte/ns, direct all_reduce, no α).
+//  matmul 100x100x100 = 2e6 flop = 2000 ns; a quarter = 500 ns.
+//  direct all_reduce of C f32 on 2 ranks: each directed link carries C/2·4 bytes read and C/2·4
+//  written = 4C bytes -> 4C ns. C = 1000 -> 4000 ns; a quarter (250) -> 1000 ns.
+//  serial: 2000 + 4000 = 6000. split: mm1 [0,500], ar1..ar4 back to back on comm from 500:
+//  [500,1500] [1500,2500] [2500,3500] [3500,4500] (each waits for its matmul, which is earlier).
+// With 100 ns launch overhead per op (script side): serial = launch mm [0,100], mm [100,2100],
+// launch ar [100,200], ar [2100,6100]. Split: launches every 100 ns in the order mm1 ar1 mm2 ar2 …;
+// mm_i starts at max(its launch end, mm_{i-1} end): 100, 600, 1100, 1600; ar_i starts at
+// max(launch end, ar_{i-1} end, mm_i end): 600, 1600, 2600, 3600 -> ends 4600.
+double program(int chunks, double launch_ns) {
+  WorldOptions o;
+  o.profile = round_profile(
+      fmt::format("host: {{launch_overhead_ns: {}, fused_launch_overhead_ns: 0}}", launch_ns));
+  const RunResult r = run_ranks(
+      2,
+      [&](Rank& rank) {
+        Group g = Group::world(rank);
+        Tensor out = Tensor::zeros({1000}, DType::f32);
+        for (int i = 0; i < chunks; ++i) {
+          const std::int64_t m = 100 / chunks;
+          rank.compute_stream().launch(
+              {.name = fmt::format("matmul[{}/{}]", i + 1, chunks),
+               .work_ns = gemm_ns(rank.profile(), m, 100, 100, DType::f32)},
+              [] {});
+          all_reduce(g, out.flat(i * 1000 / chunks, (i + 1) * 1000 / chunks),
+                     {.async_op = true, .label = fmt::format("[{}/{}]", i + 1, chunks)});
+        }
+      },
+      o);
+  return double(r.timeline.makespan_ns());
+}
+
+TEST(ModeledGolden, SerialVersusFourChunksOnTwoStreams) {
+  EXPECT_EQ(program(1, 0), 6000);
+  EXPECT_EQ(program(4, 0), 4500);
+  EXPECT_EQ(program(1, 100), 6100);
+  EXPECT_EQ(program(4, 100), 4600);
+}
+
+TEST(ModeledGolden, RingPlanCostsItsRounds) {
+  // Ring all_reduce on 4 ranks, non-deterministic (reduce-scatter + all-gather ring): 6 rounds,
+  // each moving one segment of C/4 f32 over each link. C = 4000 -> 4000 bytes per link per round
+  // -> 4000 ns at 1 byte/ns, plus α = 100 ns per round: 6 · 4100 = 24600 ns.
+  WorldOptions o;
+  o.profile =
+      round_profile("collectives: {ring: {step_latency_ns: 100, bandwidth_efficiency: 1.0}}");
+  o.deterministic = false;
+  const RunResult r = run_ranks(
+      4,
+      [](Rank& rank) {
+        Group g = Group::world(rank);
+        all_reduce(g, Tensor::zeros({4000}, DType::f32), {.algo = Algorithm::ring});
+      },
+      o);
+  EXPECT_EQ(r.timeline.makespan_ns(), 24600);
+  const OpRecord* coll = nullptr;
+  for (const auto& op : r.graph.ranks[0].ops)
+    if (op.cls == OpClass::comm) coll = &op;
+  ASSERT_NE(coll, nullptr);
+  EXPECT_EQ(coll->phases.size(), 6u);
+  EXPECT_NE(coll->detail.find("algo ring"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cocemu

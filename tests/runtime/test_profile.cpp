@@ -1,0 +1,118 @@
+// Device profiles (R-RT-7): the shipped profiles load; parsing is strict with file:line errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/profile.h"
+#include "testing.h"
+
+namespace cocemu {
+namespace {
+
+using testing::expect_error;
+using testing::round_profile_yaml;
+
+TEST(Profile, ShippedProfilesLoad) {
+  for (const char* name : {"ascend-910b", "h100-sxm"}) {
+    const DeviceProfile p = load_named_profile(name);
+    EXPECT_EQ(p.name, name);
+    EXPECT_EQ(p.ranks_per_node, 8);
+    EXPECT_GT(p.peak(DType::bf16), p.peak(DType::f32));
+    EXPECT_GT(p.link_per_peer_bandwidth, 0);
+    EXPECT_TRUE(p.algorithms.count("ring") && p.algorithms.count("direct"));
+    EXPECT_GT(p.launch_overhead_ns, 0);
+    EXPECT_GE(p.contention.compute_slowdown, 1.0);
+  }
+  const DeviceProfile h = load_named_profile("h100-sxm");
+  EXPECT_EQ(h.auto_algorithm(4096), "direct");
+  EXPECT_EQ(h.auto_algorithm(64 << 20), "ring");
+  EXPECT_DOUBLE_EQ(h.peak(DType::bf16), 9.894e14);
+}
+
+TEST(Profile, EverySourcedNumberHasAComment) {
+  // Each numeric key of the shipped profiles is preceded (within its block) by a comment line.
+  for (const char* name : {"ascend-910b", "h100-sxm"}) {
+    std::ifstream in(config_dir() + "/devices/" + name + ".yaml");
+    std::string line;
+    int comments = 0, numbers = 0;
+    while (std::getline(in, line)) {
+      if (line.find('#') != std::string::npos) ++comments;
+      if (line.find(": ") != std::string::npos &&
+          line.find_first_of("0123456789") != std::string::npos &&
+          line.find('#') == std::string::npos)
+        ++numbers;
+    }
+    EXPECT_GT(comments, numbers / 2) << name;
+  }
+}
+
+TEST(Profile, UnknownKeyNamesFileAndLine) {
+  std::string text = round_profile_yaml();
+  text += "\nflux_capacitor: 1\n";
+  expect_error([&] { parse_device_profile(text, "my.yaml"); }, Errc::parse_error,
+               {"my.yaml:", "unknown key 'flux_capacitor'"});
+  std::string nested = round_profile_yaml("links: {warp_drive: 3}");
+  expect_error([&] { parse_device_profile(nested, "n.yaml"); }, Errc::parse_error,
+               {"n.yaml:", "unknown key 'links.warp_drive'"});
+}
+
+TEST(Profile, MissingKeyIsAnError) {
+  std::string text = round_profile_yaml();
+  const auto pos = text.find("memory:");
+  const auto end = text.find('\n', text.find("bandwidth_bytes_per_s", pos));
+  text.erase(pos, end - pos + 1);
+  expect_error([&] { parse_device_profile(text, "m.yaml"); }, Errc::parse_error,
+               {"m.yaml", "missing required key 'memory'"});
+}
+
+TEST(Profile, OutOfRangeAndMalformedValuesAreErrors) {
+  expect_error(
+      [] {
+        parse_device_profile(round_profile_yaml("contention: {comm_slowdown: 0.5}"), "c.yaml");
+      },
+      Errc::parse_error, {"c.yaml:", "contention.comm_slowdown", "0.5", "[1, 10]"});
+  expect_error(
+      [] {
+        parse_device_profile(round_profile_yaml("memory: {bandwidth_bytes_per_s: fast}"), "d.yaml");
+      },
+      Errc::parse_error, {"d.yaml:", "must be a number", "fast"});
+  expect_error([] { parse_device_profile("name: [unclosed\n", "s.yaml"); }, Errc::parse_error,
+               {"s.yaml:", "YAML syntax error"});
+  expect_error(
+      [] {
+        parse_device_profile(
+            round_profile_yaml("collectives: {auto: [{max_bytes: 100, algorithm: tree}]}"),
+            "a.yaml");
+      },
+      Errc::parse_error, {"a.yaml:", "'tree'", "ring, direct"});
+  expect_error(
+      [] {
+        parse_device_profile(
+            round_profile_yaml("collectives: {auto: [{max_bytes: 100, algorithm: ring}]}"),
+            "b.yaml");
+      },
+      Errc::parse_error, {"b.yaml", "max_bytes .inf"});
+  expect_error([] { load_device_profile("/nonexistent/profile.yaml"); }, Errc::invalid_argument,
+               {"/nonexistent/profile.yaml"});
+}
+
+TEST(CostModel, GemmEfficiencyFallsForSmallAndUnalignedShapes) {
+  const DeviceProfile p = load_named_profile("ascend-910b");
+  const double big = gemm_efficiency(p, 4096, 4096, 4096, DType::bf16);
+  const double small = gemm_efficiency(p, 64, 64, 64, DType::bf16);
+  const double unaligned = gemm_efficiency(p, 4096, 4000, 4096, DType::bf16);  // 8000 B rows
+  const double f = 2.0 * 4096 * 4096 * 4096;
+  EXPECT_DOUBLE_EQ(big, 0.75 * f / (f + 4.0e9));  // max · F/(F + F_half)
+  EXPECT_LT(small, 0.1 * big);
+  EXPECT_NEAR(unaligned / big, 0.8, 0.01);
+  // Compute-bound GEMM time: 2mnk / (peak · efficiency).
+  const double ns = gemm_ns(p, 4096, 4096, 4096, DType::bf16);
+  EXPECT_NEAR(ns, 2.0 * 4096 * 4096 * 4096 / (2.8e14 * big) * 1e9, 1.0);
+  EXPECT_EQ(memory_ns(p, 0), p.kernel_min_ns);
+  EXPECT_EQ(launch_ns(p, LaunchKind::fused), p.fused_launch_overhead_ns);
+}
+
+}  // namespace
+}  // namespace cocemu

@@ -1,0 +1,131 @@
+// Streams and events (R-RT-2, R-RT-3): in-order execution asynchronous to the host, cross-stream
+// ordering only through events, query/synchronize, and real concurrency of separate streams.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "testing.h"
+
+namespace cocemu {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::run_ranks;
+
+TEST(Streams, OpsOnOneStreamRunInOrderAndAsynchronously) {
+  run_ranks(2, [](Rank& rank) {
+    std::vector<int> seen;
+    std::atomic<bool> release{false};
+    Stream& s = rank.compute_stream();
+    s.launch({.name = "gate"}, [&] {
+      while (!release.load())
+        std::this_thread::sleep_for(1ms);
+    });
+    for (int i = 0; i < 50; ++i)
+      s.launch({.name = "push"}, [&seen, i] { seen.push_back(i); });
+    // The host got here while the gate still blocks the stream: launches are asynchronous.
+    EXPECT_FALSE(s.query());
+    EXPECT_TRUE(seen.empty());
+    release = true;
+    s.synchronize();
+    ASSERT_EQ(seen.size(), 50u);
+    for (int i = 0; i < 50; ++i)
+      EXPECT_EQ(seen[i], i);
+    EXPECT_TRUE(s.query());
+  });
+}
+
+TEST(Streams, EventOrdersAcrossStreams) {
+  run_ranks(1, [](Rank& rank) {
+    std::atomic<int> value{0};
+    int observed = -1;
+    Stream& a = rank.compute_stream();
+    Stream& b = rank.comm_stream();
+    a.launch({.name = "slow producer"}, [&] {
+      std::this_thread::sleep_for(30ms);
+      value = 42;
+    });
+    Event e = a.record();
+    EXPECT_FALSE(e.query());
+    b.wait(e);  // device-side: the host continues at once
+    b.launch({.name = "consumer"}, [&] { observed = value.load(); });
+    b.synchronize();
+    EXPECT_EQ(observed, 42);
+    EXPECT_TRUE(e.query());
+  });
+}
+
+TEST(Streams, WithoutAnEventStreamsAreNotOrdered) {
+  // Separate streams really run concurrently: the second stream's op finishes while the first is
+  // still blocked.
+  run_ranks(1, [](Rank& rank) {
+    std::atomic<bool> release{false}, other_done{false};
+    rank.compute_stream().launch({.name = "blocked"}, [&] {
+      const auto deadline = std::chrono::steady_clock::now() + 5s;
+      while (!release && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    });
+    rank.comm_stream().launch({.name = "free"}, [&] { other_done = true; });
+    rank.comm_stream().synchronize();
+    EXPECT_TRUE(other_done);
+    EXPECT_FALSE(rank.compute_stream().query());
+    release = true;
+    rank.synchronize();
+  });
+}
+
+TEST(Streams, EventSynchronizeBlocksTheHostUntilDone) {
+  run_ranks(1, [](Rank& rank) {
+    std::atomic<bool> done{false};
+    rank.compute_stream().launch({.name = "work"}, [&] {
+      std::this_thread::sleep_for(20ms);
+      done = true;
+    });
+    Event e = rank.compute_stream().record();
+    e.synchronize();
+    EXPECT_TRUE(done);
+    EXPECT_TRUE(e.query());
+    Event empty = rank.new_stream("idle").record();
+    EXPECT_TRUE(empty.query());
+    empty.synchronize();
+  });
+}
+
+TEST(Streams, MoreStreamsCanBeCreated) {
+  const RunResult r = run_ranks(2, [](Rank& rank) {
+    Stream& extra = rank.new_stream("side");
+    int x = 0;
+    extra.launch({.name = "side op", .work_ns = 10}, [&] { x = 1; });
+    extra.synchronize();
+    EXPECT_EQ(x, 1);
+  });
+  ASSERT_EQ(r.graph.ranks[0].lane_names.size(), 4u);
+  EXPECT_EQ(r.graph.ranks[0].lane_names[3], "side");
+}
+
+TEST(Streams, DryRunSkipsNumericsButModelsTime) {
+  WorldOptions o;
+  o.numerics = false;
+  o.profile = testing::round_profile();
+  int calls = 0;
+  std::mutex mu;
+  const RunResult r = run_ranks(
+      2,
+      [&](Rank& rank) {
+        rank.compute_stream().launch({.name = "kernel", .work_ns = 500}, [&] {
+          std::lock_guard lock(mu);
+          ++calls;
+        });
+      },
+      o);
+  EXPECT_EQ(calls, 0);
+  EXPECT_FALSE(r.numerics);
+  EXPECT_EQ(r.timeline.makespan_ns(), 500);
+}
+
+}  // namespace
+}  // namespace cocemu

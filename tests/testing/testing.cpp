@@ -1,0 +1,70 @@
+#include "testing.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+
+#include "cocemu/runtime/error.h"
+
+namespace cocemu::testing {
+
+RunResult run_ranks(int n, const std::function<void(Rank&)>& fn, WorldOptions options) {
+  options.n_ranks = n;
+  if (!std::getenv("COCEMU_TIMEOUT_MS") && options.timeout == std::chrono::milliseconds(60000))
+    options.timeout = std::chrono::milliseconds(10000);
+  return run(options, fn);
+}
+
+std::string round_profile_yaml(const std::string& overrides) {
+  YAML::Node base = YAML::Load(R"(
+name: round-numbers
+ranks_per_node: 8
+compute:
+  peak_flops: {f32: 1.0e12, f64: 1.0e12, f16: 1.0e12, bf16: 1.0e12, i8: 1.0e12}
+  gemm: {max_efficiency: 1.0, half_efficiency_flops: 0, alignment_bytes: 1, unaligned_efficiency: 1.0}
+  kernel_min_ns: 0
+memory: {bandwidth_bytes_per_s: 1.0e15}
+links: {per_peer_bytes_per_s: 1.0e9, per_rank_bytes_per_s: 1.0e9, latency_ns: 0}
+collectives:
+  ring: {step_latency_ns: 0, bandwidth_efficiency: 1.0}
+  direct: {step_latency_ns: 0, bandwidth_efficiency: 1.0}
+  auto: [{max_bytes: .inf, algorithm: direct}]
+host: {launch_overhead_ns: 0, fused_launch_overhead_ns: 0}
+contention: {compute_slowdown: 1.0, comm_slowdown: 1.0}
+)");
+  if (!overrides.empty()) {
+    YAML::Node over = YAML::Load(overrides);
+    for (auto it = over.begin(); it != over.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      if (it->second.IsMap())
+        for (auto jt = it->second.begin(); jt != it->second.end(); ++jt)
+          base[key][jt->first.as<std::string>()] = jt->second;
+      else
+        base[key] = it->second;
+    }
+  }
+  YAML::Emitter out;
+  out << base;
+  return out.c_str();
+}
+
+std::shared_ptr<const DeviceProfile> round_profile(const std::string& overrides) {
+  return std::make_shared<const DeviceProfile>(
+      parse_device_profile(round_profile_yaml(overrides), "<round profile>"));
+}
+
+void expect_error(const std::function<void()>& fn, Errc code,
+                  const std::vector<std::string>& fragments) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << "message: " << e.what();
+    for (const auto& f : fragments)
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
+          << "expected '" << f << "' in: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "expected a cocemu::Error(" << to_string(code) << "), nothing was thrown";
+}
+
+}  // namespace cocemu::testing

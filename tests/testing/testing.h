@@ -1,0 +1,29 @@
+#pragma once
+// Shared helpers for cocemu's tests: a world runner that rethrows the first rank's error, a
+// profile with round numbers for hand-worked modeled times, and exact-value input patterns.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/world.h"
+
+namespace cocemu::testing {
+
+/// Runs `fn` on n ranks with a short wait timeout (10 s unless COCEMU_TIMEOUT_MS is set).
+RunResult run_ranks(int n, const std::function<void(Rank&)>& fn, WorldOptions options = {});
+
+/// A device profile with round numbers: 1 TFLOP/s for every dtype, GEMMs at full efficiency,
+/// links at 1 byte/ns, no step latency, no launch overhead, no contention, auto = direct.
+/// `overrides` is YAML text merged over those defaults at top level sections (e.g.
+/// "host: {launch_overhead_ns: 100, fused_launch_overhead_ns: 100}").
+std::shared_ptr<const DeviceProfile> round_profile(const std::string& overrides = "");
+std::string round_profile_yaml(const std::string& overrides = "");
+
+/// Asserts that `fn` throws cocemu::Error with `code` and a message containing every fragment.
+void expect_error(const std::function<void()>& fn, Errc code,
+                  const std::vector<std::string>& fragments);
+
+}  // namespace cocemu::testing

@@ -172,21 +172,27 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
   }
   Plan exchange_plan;
   if (sig.op == CollOp::all_to_all && !call.send_counts.empty()) {
-    // Explicit splits: what each rank receives must be what its peers send it.
+    // Explicit splits: what each rank receives must be what its peers send it. Every member
+    // checks every pair, so all of them stop before anyone writes into a peer's buffer.
     PlanRequest req{sig.op, sig.algorithm, n, 0, 0, sig.deterministic, {}};
     for (int j = 0; j < n; ++j) {
       const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
-      COCEMU_CHECK(s.send_counts.size() == std::size_t(n), Errc::mismatch,
+      COCEMU_CHECK(s.send_counts.size() == std::size_t(n) && s.recv_counts.size() == std::size_t(n),
+                   Errc::mismatch,
                    "all_to_all seq {} on group {}: group rank {} gave no split sizes while rank "
                    "{} did",
                    seq, gs.name, j, me);
-      COCEMU_CHECK(
-          s.send_counts[std::size_t(me)] == call.recv_counts[std::size_t(j)], Errc::mismatch,
-          "all_to_all seq {} on group {}: group rank {} sends {} elements to group rank "
-          "{}, which expects {} (its output_splits)",
-          seq, gs.name, j, s.send_counts[std::size_t(me)], me, call.recv_counts[std::size_t(j)]);
       req.send_counts.push_back(s.send_counts);
     }
+    for (int j = 0; j < n; ++j)
+      for (int p = 0; p < n; ++p) {
+        const auto sent = req.send_counts[std::size_t(j)][std::size_t(p)];
+        const auto expected = gs.members[std::size_t(p)].slots[seq & 1].recv_counts[std::size_t(j)];
+        COCEMU_CHECK(sent == expected, Errc::mismatch,
+                     "all_to_all seq {} on group {}: group rank {} sends {} elements to group "
+                     "rank {}, which expects {} (its output_splits)",
+                     seq, gs.name, j, sent, p, expected);
+      }
     exchange_plan = build_plan(req);
     plan_ptr = &exchange_plan;
   }
@@ -253,7 +259,13 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   comm.launch(std::move(spec), [keep, me, seq, call = std::move(call), cached] {
     keep.owner().note_activity(
         fmt::format("{} seq {} on group {}", to_string(call.sig.op), seq, keep.name()));
-    execute_call(keep.state(), me, seq, call, cached);
+    try {
+      execute_call(keep.state(), me, seq, call, cached);
+    } catch (...) {
+      // Peers may still be writing into this rank's buffers; keep them alive until the run ends.
+      keep.owner().world().keep_alive(std::make_shared<Call>(call));
+      throw;
+    }
   });
   Work w(&rank, comm.record());
   if (!o.async_op) w.wait();

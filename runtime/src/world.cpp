@@ -12,6 +12,23 @@ namespace cocemu {
 
 namespace detail {
 
+/// Waits on other streams allow longer than the waits they cover, so that when a collective hangs,
+/// the innermost wait (which knows the group, sequence number and missing peers) is the one
+/// reported: a stream waiting on another stream's event gets 1.5x the timeout, a host waiting on
+/// a stream 2x (plus a little).
+struct WaitGrace {
+  explicit WaitGrace(int level) : scope(extended(level)) {}
+  static WaitScope extended(int level) {
+    WaitScope s = current_wait_scope();
+    s.timeout = s.timeout + level * (s.timeout / 2 + std::chrono::milliseconds(100));
+    return s;
+  }
+  WaitScope scope;
+  ScopedWaitScope guard{scope};
+};
+constexpr int kStreamWaitGrace = 1;
+constexpr int kHostWaitGrace = 2;
+
 struct Task {
   std::function<void()> fn;
   OpRecord* record = nullptr;
@@ -73,6 +90,7 @@ struct StreamImpl {
           schedule_jitter();
           const std::int64_t t0 = wall ? world->wall_now_ns() : -1;
           if (t.wait_on) {
+            WaitGrace grace(kStreamWaitGrace);
             t.wait_on->wait_geq(t.wait_target, [&] { return t.wait_what; });
           } else if (t.fn && numerics) {
             world->set_activity(rank->id(), lane, t.record ? t.record->name : "op");
@@ -99,6 +117,7 @@ struct StreamImpl {
   /// Host: waits until every op pushed so far is done; rethrows this stream's failure first.
   void drain(const char* why) {
     const std::uint32_t target = host_submitted;
+    WaitGrace grace(kHostWaitGrace);
     completed.wait_geq(target, [&] {
       return fmt::format("{} of rank {} stream '{}' ({} of {} ops done)", why, rank->id(), name,
                          completed.load(), target);
@@ -123,6 +142,7 @@ void Event::synchronize() const {
   OpSpec spec{.name = "event.synchronize", .cls = OpClass::wait, .launch = LaunchKind::none};
   if (op_.valid()) spec.deps.push_back(op_);
   stream_->rank->record_host(std::move(spec));
+  detail::WaitGrace grace(detail::kHostWaitGrace);
   stream_->completed.wait_geq(target_, [&] {
     return fmt::format("event.synchronize on rank {} stream '{}' (op {} of {})",
                        stream_->rank->id(), stream_->name, target_, stream_->host_submitted);
@@ -400,6 +420,11 @@ std::string World::status_report() const {
     if (!any) out += " (nothing recorded)";
   }
   return out;
+}
+
+void World::keep_alive(std::shared_ptr<const void> object) {
+  std::lock_guard lock(keep_mu_);
+  kept_.push_back(std::move(object));
 }
 
 std::int64_t World::wall_now_ns() const {

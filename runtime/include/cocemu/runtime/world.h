@@ -179,6 +179,10 @@ class World {
     return std::static_pointer_cast<T>(slot);
   }
 
+  /// Keeps `object` alive until the run ends: buffers of a failed collective, which peers may
+  /// still be reading or writing while the failure propagates.
+  void keep_alive(std::shared_ptr<const void> object);
+
   std::int64_t wall_now_ns() const;
   ModelGraph& graph() { return graph_; }
   std::exception_ptr first_error() const;
@@ -197,6 +201,8 @@ class World {
   std::unordered_map<std::string, std::shared_ptr<void>> shared_;
   ModelGraph graph_;
   std::chrono::steady_clock::time_point t0_;
+  std::mutex keep_mu_;
+  std::vector<std::shared_ptr<const void>> kept_;
 };
 
 /// Runs `fn` on n rank threads and returns when all have finished (their streams drained). If a

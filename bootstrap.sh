@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what cocemu needs on Debian 12 (if missing), builds it, and runs it.
+#
+#   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu collbench
+#   ./bootstrap.sh test   install, build (Release) and run every test with ctest
+#   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime and collectives tests
+#   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every test
+#   ./bootstrap.sh deps   only install the Debian packages
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PKGS="build-essential cmake pkg-config libopenblas-dev libopenblas-pthread-dev libtbb-dev \
+libyaml-cpp-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev librsvg2-bin"
+JOBS="${JOBS:-$(nproc)}"
+
+deps() {
+  local missing=""
+  for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  [ -z "$missing" ] && return 0
+  echo "bootstrap: installing$missing"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  # shellcheck disable=SC2086
+  $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+build() {  # build DIR [cmake args...]
+  local dir="$1"
+  shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}
+
+case "${1:-}" in
+  deps) deps ;;
+  run)
+    deps
+    build build
+    shift
+    ./build/bench/cocemu collbench "$@"
+    ;;
+  test)
+    deps
+    build build
+    ctest --test-dir build -j "$JOBS" --output-on-failure --timeout 600
+    ;;
+  tsan)
+    deps
+    build build-tsan -DCOCEMU_SANITIZE=thread
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives' --output-on-failure --timeout 900
+    ;;
+  asan)
+    deps
+    build build-asan -DCOCEMU_SANITIZE=address
+    ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
+      ctest --test-dir build-asan -j "$JOBS" --output-on-failure --timeout 900
+    ;;
+  *)
+    sed -n '2,9p' "$0"
+    exit 2
+    ;;
+esac

@@ -67,4 +67,22 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool tb, double alp
   }
 }
 
+template <>
+void gemm_raw<float>(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                     const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                     float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
+              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+template <>
+void gemm_raw<double>(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                      double alpha, const double* a, std::int64_t lda, const double* b,
+                      std::int64_t ldb, double beta, double* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
+              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
 }  // namespace cocemu::blas

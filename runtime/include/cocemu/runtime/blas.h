@@ -23,4 +23,10 @@ std::string config();
 void gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool transpose_b = false,
           double alpha = 1.0, double beta = 0.0);
 
+/// Raw row-major GEMM on f32/f64 pointers with leading dimensions (C = α·op(A)·op(B) + β·C).
+template <class T>
+void gemm_raw(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+              const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+              std::int64_t ldc);
+
 }  // namespace cocemu::blas

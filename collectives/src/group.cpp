@@ -113,36 +113,41 @@ Group new_group(Rank& rank, const std::vector<int>& ranks, const std::string& na
   return g;
 }
 
+namespace {
+/// (color, key) of every member of one split call, exchanged through shared host memory (like
+/// NCCL's commSplit bootstrap), so splits also work in dry-run mode.
+struct SplitExchange {
+  explicit SplitExchange(int n) : entries(std::size_t(n)) {}
+  std::vector<std::pair<int, int>> entries;
+  Counter arrived;
+};
+}  // namespace
+
 Group split(Group& parent, int color, int key) {
   Rank& rank = parent.owner();
   COCEMU_CHECK_ARG(parent.is_member(), "split on rank {}: not a member of group {}", rank.id(),
                    parent.name());
   const int n = parent.size();
-  // Exchange (color, key) over the parent, as NCCL's commSplit does with an all-gather.
-  Tensor mine = Tensor::zeros({2}, DType::i32), all = Tensor::zeros({2 * n}, DType::i32);
-  mine.data<std::int32_t>()[0] = color;
-  mine.data<std::int32_t>()[1] = key;
-  CollectiveOptions o;
-  o.label = " (split)";
-  all_gather(parent, all, mine, o).synchronize();
   const std::uint64_t k = rank.next_sequence("split/" + parent.state().key);
-  std::vector<int> members;  // parent ranks with my color, ordered by (key, parent rank)
-  if (color >= 0 && rank.numerics()) {
-    std::vector<std::pair<int, int>> order;
-    const std::int32_t* v = all.data<std::int32_t>();
-    for (int r = 0; r < n; ++r)
-      if (v[2 * r] == color) order.push_back({v[2 * r + 1], r});
-    std::sort(order.begin(), order.end());
-    for (const auto& [kk, r] : order)
-      members.push_back(parent.world_rank_of(r));
-  }
+  auto ex =
+      rank.world().shared<SplitExchange>(fmt::format("split-exchange/{}/{}", parent.state().key, k),
+                                         [&] { return std::make_shared<SplitExchange>(n); });
+  ex->entries[std::size_t(parent.rank())] = {color, key};
+  ex->arrived.add(1);
+  ex->arrived.wait_geq(std::uint32_t(n), [&] {
+    return fmt::format("every member of group {} to call split #{}", parent.name(), k);
+  });
   Group g;
   g.owner_ = &rank;
   if (color < 0) return g;
-  COCEMU_CHECK_ARG(rank.numerics(),
-                   "split needs real numerics (it exchanges colors); dry-run "
-                   "mode cannot split group {}",
-                   parent.name());
+  std::vector<std::pair<int, int>> order;  // (key, parent rank) with my color
+  for (int r = 0; r < n; ++r)
+    if (ex->entries[std::size_t(r)].first == color)
+      order.push_back({ex->entries[std::size_t(r)].second, r});
+  std::sort(order.begin(), order.end());
+  std::vector<int> members;
+  for (const auto& [kk, r] : order)
+    members.push_back(parent.world_rank_of(r));
   const std::string skey = fmt::format("group/split/{}/{}/{}", parent.state().key, k, color);
   g.state_ = rank.world().shared<detail::GroupState>(skey, [&] {
     auto s = std::make_shared<detail::GroupState>(

@@ -6,5 +6,7 @@ namespace cocemu::cli {
 
 /// Registers `cocemu collbench` on `app`.
 void add_collbench(CLI::App& app);
+/// Registers `cocemu attention` on `app`.
+void add_attention(CLI::App& app);
 
 }  // namespace cocemu::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
       "modeled device time)"};
   app.require_subcommand(1);
   cocemu::cli::add_collbench(app);
+  cocemu::cli::add_attention(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

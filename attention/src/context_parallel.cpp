@@ -256,8 +256,14 @@ struct CpAttention::Impl {
   }
 
   double attention_ns(const AttentionArgs& a, double flops) const {
+    // Flash attention runs as fused GEMM tiles: efficiency saturates with the whole block's work
+    // (all heads), and drops when a head's rows are not aligned.
     const DeviceProfile& prof = rank.profile();
-    const double eff = gemm_efficiency(prof, a.shape.q_len, a.shape.kv_len, D, p.dtype);
+    double eff = prof.gemm.max_efficiency;
+    if (prof.gemm.half_efficiency_flops > 0)
+      eff *= flops / (flops + prof.gemm.half_efficiency_flops);
+    if ((std::uint64_t(D) * size_of(p.dtype)) % prof.gemm.alignment_bytes != 0)
+      eff *= prof.gemm.unaligned_efficiency;
     return std::max(flops / (prof.peak(p.dtype) * eff) * 1e9, prof.kernel_min_ns);
   }
 

@@ -1,0 +1,37 @@
+#pragma once
+/// Fused compute-communication kernels in the style of Ascend's LCOC, each one launch on the
+/// compute stream. A compute role produces output tiles into a double-buffered symmetric buffer;
+/// a comm role waits on flags in peer memory, reduces (or gathers) peers' tiles and frees the
+/// buffer slot with flags again. Tiles of `tile_rows` rows, `tiles_per_step` tiles per
+/// communication step. Deterministic variants reduce in rank order (bitwise equal to the serial
+/// path); the non-deterministic ones start at each segment's owner.
+///
+/// The modeled time of a kernel is its two-stage pipeline: step s's communication overlaps step
+/// s+1's compute; each step's comm is priced with the direct collective plan of its size.
+#include <cstdint>
+
+#include "cocemu/collectives/group.h"
+#include "cocemu/runtime/tensor.h"
+
+namespace cocemu::layers {
+
+struct FusedOptions {
+  std::int64_t tile_rows = 128;
+  int tiles_per_step = 2;
+  bool deterministic = true;
+  bool weight_transposed = false;
+  std::string label;
+};
+
+/// out[m, n] = all_reduce(x[m, k] · wᵀ) (+ bias once). w: [n, k].
+void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const Tensor& out, const FusedOptions& o);
+/// out[m/ws, n] = reduce_scatter(x[m, k] · wᵀ) (+ bias once).
+void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const Tensor& out, const FusedOptions& o);
+/// out[m, n] = all_gather(x[m/ws, k]) · op(w) (+ bias); w is [n, k] (trans_w) or [k, n].
+/// If `gathered` is defined ([m, k]) it receives the gathered input (ALL_GATHER_MATMUL_V2).
+void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w, const Tensor& bias,
+                       const Tensor& out, const Tensor& gathered, const FusedOptions& o);
+
+}  // namespace cocemu::layers

@@ -1,0 +1,360 @@
+// The fused kernels: MATMUL_ALL_REDUCE, MATMUL_REDUCE_SCATTER, ALL_GATHER_MATMUL(_V2).
+//
+// Protocol (per communication step s, slot = s % 2 of a double-buffered symmetric buffer; flags
+// are monotonic counters in each rank's memory, incremented by every peer):
+//   1. compute role: wait until every peer has consumed the slot's previous use (`free` flag),
+//      produce this step's tiles into the slot, then raise `ready` on every peer;
+//   2. comm role: wait for `ready` from all ranks, reduce (or gather) peers' tiles in rank order
+//      (deterministic) or from the segment owner on (non-deterministic);
+//   3. all_reduce only: raise `reduced`, wait for all, gather every rank's reduced segment;
+//   4. raise `free` on every peer: the slot may be overwritten.
+#include "cocemu/layers/fused_kernels.h"
+
+#include <array>
+#include <cstring>
+
+#include "cocemu/collectives/plan.h"
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/symmetric.h"
+#include "kernels.h"
+
+namespace cocemu::layers {
+
+namespace {
+
+enum Flag : int { kReady = 0, kReduced = 2, kFree = 4, kFlags = 6 };  // + slot (0 or 1)
+
+struct Pipeline {
+  std::int64_t step_rows, steps;
+};
+
+Pipeline pipeline(std::int64_t rows, const FusedOptions& o) {
+  COCEMU_CHECK_ARG(o.tile_rows >= 1 && o.tiles_per_step >= 1 && o.tiles_per_step <= 15,
+                   "fused kernel: tile_rows {} must be >= 1 and tiles_per_step {} in 1..15",
+                   o.tile_rows, o.tiles_per_step);
+  const std::int64_t sr = o.tile_rows * o.tiles_per_step;
+  return {sr, rows == 0 ? 0 : (rows + sr - 1) / sr};
+}
+
+/// The modeled time of a two-stage pipeline and its per-step phases.
+struct PipelineCost {
+  double total = 0;
+  std::vector<std::pair<std::string, double>> phases;
+};
+
+PipelineCost price_pipeline(const std::vector<double>& compute, const std::vector<double>& comm,
+                            bool comm_first) {
+  PipelineCost p;
+  const std::size_t s = compute.size();
+  if (s == 0) return p;
+  const auto& first = comm_first ? comm : compute;
+  const auto& second = comm_first ? compute : comm;
+  p.total = first[0];
+  p.phases.push_back({fmt::format("step 1/{} {}", s, comm_first ? "comm" : "compute"), first[0]});
+  for (std::size_t i = 1; i < s; ++i) {
+    const double t = std::max(first[i], second[i - 1]);
+    p.total += t;
+    p.phases.push_back({fmt::format("step {}/{} overlapped", i + 1, s), t});
+  }
+  p.total += second[s - 1];
+  p.phases.push_back(
+      {fmt::format("step {}/{} {}", s, s, comm_first ? "compute" : "comm"), second[s - 1]});
+  return p;
+}
+
+double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t) {
+  PlanRequest r{op, Algorithm::direct, n, count, 0, true, {}};
+  return price_plan(build_plan(r), rank.profile(), t).total_ns;
+}
+
+/// Adds `src` rows into an f32/f64 accumulator, or starts it.
+template <class T>
+void accumulate_rows(acc_t<T>* acc, const T* src, std::int64_t count, bool first) {
+  for (std::int64_t i = 0; i < count; ++i)
+    acc[i] = first ? load_as<acc_t<T>>(src[i]) : acc_t<T>(acc[i] + load_as<acc_t<T>>(src[i]));
+}
+
+/// dst = Σ over ranks (in `order`) of the segment at byte offset `off` of each rank's slot.
+void reduce_segment(const SymmetricBuffer& buf, std::size_t slot_off, std::size_t off,
+                    std::int64_t count, DType t, const std::vector<int>& order, void* dst) {
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, std::int8_t> || std::is_same_v<T, std::int32_t>) {
+      COCEMU_FAIL(Errc::invalid_argument, "fused kernels need a floating dtype, got {}",
+                  name_of(t));
+    } else {
+      std::vector<acc_t<T>> acc(static_cast<std::size_t>(count));
+      bool first = true;
+      for (int j : order) {
+        accumulate_rows(acc.data(), reinterpret_cast<const T*>(buf.peer(j) + slot_off + off), count,
+                        first);
+        first = false;
+      }
+      T* out = static_cast<T*>(dst);
+      for (std::int64_t i = 0; i < count; ++i)
+        out[i] = store_as<T>(acc[std::size_t(i)]);
+    }
+  });
+}
+
+std::vector<int> order_for(int n, int owner, bool deterministic) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i)
+    v.push_back(deterministic ? i : (owner + i) % n);
+  return v;
+}
+
+void signal_all(const SymmetricBuffer& buf, int flag) {
+  for (int j = 0; j < buf.team_size(); ++j)
+    buf.signal(j, flag);
+}
+
+/// A symmetric double buffer reused by every fused kernel of one size on one group. Flags are
+/// monotonic across calls: `base[slot]` counts the slot's uses by earlier calls (host side, so
+/// every rank agrees).
+struct Workspace {
+  SymmetricBuffer buf;
+  bool allocated = false;
+  std::uint32_t uses[2] = {0, 0};
+};
+
+/// The workspace and this call's flag bases; records the call's slot uses.
+std::pair<SymmetricBuffer, std::array<std::uint32_t, 2>> workspace(Group& g, std::size_t bytes,
+                                                                   std::int64_t steps) {
+  Rank& rank = g.owner();
+  std::string team;
+  for (int r : g.ranks())
+    team += fmt::format("{},", r);
+  auto ws =
+      rank.world().shared<Workspace>(fmt::format("fused-ws/{}/[{}]/{}", rank.id(), team, bytes),
+                                     [] { return std::make_shared<Workspace>(); });
+  // Allocated outside World::shared's lock (allocation uses the registry too). The workspace is
+  // this rank's own, so no other thread races on it.
+  if (!ws->allocated) {
+    ws->buf = SymmetricBuffer::allocate(rank, g.ranks(), bytes, kFlags);
+    ws->allocated = true;
+  }
+  std::array<std::uint32_t, 2> base{ws->uses[0], ws->uses[1]};
+  ws->uses[0] += std::uint32_t((steps + 1) / 2);
+  ws->uses[1] += std::uint32_t(steps / 2);
+  return {ws->buf, base};
+}
+
+void launch_fused(Group& g, std::string name, double work_ns,
+                  std::vector<std::pair<std::string, double>> phases, std::uint64_t flops,
+                  std::function<void()> fn) {
+  OpSpec spec;
+  spec.name = std::move(name);
+  spec.cls = OpClass::fused;
+  spec.work_ns = work_ns;
+  spec.launch = LaunchKind::fused;
+  spec.flops = flops;
+  spec.phases = std::move(phases);
+  // One kernel on every rank of the group: it starts and ends together (flags synchronise it).
+  spec.rendezvous.push_back({fmt::format("fused/{}/{}", g.name(), g.next_sequence()), g.size()});
+  g.owner().current_stream().launch(std::move(spec), std::move(fn));
+}
+
+}  // namespace
+
+void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const Tensor& out, const FusedOptions& o) {
+  Rank& rank = g.owner();
+  const int n_ranks = g.size(), me = g.rank();
+  const std::int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  COCEMU_CHECK_ARG(w.size(1) == k && out.size(0) == m && out.size(1) == n,
+                   "MATMUL_ALL_REDUCE on rank {}: x {} · wᵀ {} -> out {} do not fit", rank.id(),
+                   x.describe(), w.describe(), out.describe());
+  const Pipeline pl = pipeline(m, o);
+  const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * n) * e;
+  const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  std::vector<double> cc, cm;
+  for (std::int64_t s = 0; s < pl.steps; ++s) {
+    const std::int64_t h = std::min(pl.step_rows, m - s * pl.step_rows);
+    cc.push_back(detail::gemm_cost_ns(rank, h, n, k, x.dtype(), o.weight_transposed));
+    cm.push_back(comm_cost(rank, CollOp::all_reduce, n_ranks, h * n, x.dtype()));
+  }
+  const PipelineCost pc = price_pipeline(cc, cm, false);
+  const bool det = o.deterministic;
+  launch_fused(
+      g, fmt::format("{}MATMUL_ALL_REDUCE {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
+      pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+        for (std::int64_t s = 0; s < pl.steps; ++s) {
+          const int slot = int(s % 2);
+          const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
+          const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, m - r0);
+          const std::size_t slot_off = std::size_t(slot) * slot_bytes;
+          // 1. compute: wait for the slot to be free, produce tiles, announce them.
+          buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
+                   fmt::format("slot {} free for step {}", slot, s));
+          for (std::int64_t t0 = 0; t0 < h; t0 += o.tile_rows) {
+            const std::int64_t th = std::min(o.tile_rows, h - t0);
+            Tensor tile = Tensor::zeros({th, n}, x.dtype());
+            detail::gemm_now(x.rows(r0 + t0, r0 + t0 + th), false, w, true, tile);
+            std::memcpy(buf.local() + slot_off + std::size_t(t0 * n) * e, tile.raw(),
+                        tile.nbytes());
+          }
+          signal_all(buf, kReady + slot);
+          // 2. reduce my segment of the step's elements from every rank's slot.
+          buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
+                   fmt::format("tiles of step {} from every rank", s));
+          const std::int64_t count = h * n;
+          const std::int64_t off = segment_offset(count, n_ranks, me),
+                             len = segment_length(count, n_ranks, me);
+          std::vector<std::byte> reduced(std::size_t(len) * e);
+          reduce_segment(buf, slot_off, std::size_t(off) * e, len, x.dtype(),
+                         order_for(n_ranks, me, det), reduced.data());
+          // 3. publish it in my slot (peers only read their own segments from it) and gather.
+          std::memcpy(buf.local() + slot_off + std::size_t(off) * e, reduced.data(),
+                      reduced.size());
+          signal_all(buf, kReduced + slot);
+          buf.wait(kReduced + slot, (use + 1) * std::uint32_t(n_ranks),
+                   fmt::format("reduced segments of step {}", s));
+          auto* dst = static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e;
+          for (int j = 0; j < n_ranks; ++j) {
+            const std::int64_t jo = segment_offset(count, n_ranks, j),
+                               jl = segment_length(count, n_ranks, j);
+            std::memcpy(dst + std::size_t(jo) * e, buf.peer(j) + slot_off + std::size_t(jo) * e,
+                        std::size_t(jl) * e);
+          }
+          // 4. the slot may be overwritten by every peer.
+          signal_all(buf, kFree + slot);
+        }
+        // Do not leave (and free the buffer) while a peer may still read my slots.
+        for (int slot = 0; slot < 2; ++slot) {
+          const std::uint32_t uses =
+              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
+          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
+        }
+        if (bias.defined()) detail::add_bias_now(out, bias);
+      });
+}
+
+void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const Tensor& out, const FusedOptions& o) {
+  Rank& rank = g.owner();
+  const int n_ranks = g.size(), me = g.rank();
+  const std::int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  COCEMU_CHECK_ARG(m % n_ranks == 0,
+                   "MATMUL_REDUCE_SCATTER on rank {}: m = {} must be a multiple "
+                   "of the group size {}",
+                   rank.id(), m, n_ranks);
+  const std::int64_t ml = m / n_ranks;
+  COCEMU_CHECK_ARG(w.size(1) == k && out.size(0) == ml && out.size(1) == n,
+                   "MATMUL_REDUCE_SCATTER on rank {}: x {} · wᵀ {} -> out {} do not fit", rank.id(),
+                   x.describe(), w.describe(), out.describe());
+  const Pipeline pl = pipeline(ml, o);
+  const std::size_t e = size_of(x.dtype());
+  const std::size_t block_bytes = std::size_t(pl.step_rows * n) * e,
+                    slot_bytes = block_bytes * std::size_t(n_ranks);
+  const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  std::vector<double> cc, cm;
+  for (std::int64_t s = 0; s < pl.steps; ++s) {
+    const std::int64_t h = std::min(pl.step_rows, ml - s * pl.step_rows);
+    cc.push_back(detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed));
+    cm.push_back(comm_cost(rank, CollOp::reduce_scatter, n_ranks, h * n, x.dtype()));
+  }
+  const PipelineCost pc = price_pipeline(cc, cm, false);
+  const bool det = o.deterministic;
+  launch_fused(
+      g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
+      pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+        for (std::int64_t s = 0; s < pl.steps; ++s) {
+          const int slot = int(s % 2);
+          const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
+          const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, ml - r0);
+          const std::size_t slot_off = std::size_t(slot) * slot_bytes;
+          buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
+                   fmt::format("slot {} free for step {}", slot, s));
+          // Block j of the slot holds this step's rows of rank j's output region.
+          for (int j = 0; j < n_ranks; ++j)
+            for (std::int64_t t0 = 0; t0 < h; t0 += o.tile_rows) {
+              const std::int64_t th = std::min(o.tile_rows, h - t0), xr = j * ml + r0 + t0;
+              Tensor tile = Tensor::zeros({th, n}, x.dtype());
+              detail::gemm_now(x.rows(xr, xr + th), false, w, true, tile);
+              std::memcpy(
+                  buf.local() + slot_off + std::size_t(j) * block_bytes + std::size_t(t0 * n) * e,
+                  tile.raw(), tile.nbytes());
+            }
+          signal_all(buf, kReady + slot);
+          buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
+                   fmt::format("tiles of step {} from every rank", s));
+          reduce_segment(buf, slot_off, std::size_t(me) * block_bytes, h * n, x.dtype(),
+                         order_for(n_ranks, me, det),
+                         static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e);
+          signal_all(buf, kFree + slot);
+        }
+        for (int slot = 0; slot < 2; ++slot) {
+          const std::uint32_t uses =
+              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
+          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
+        }
+        if (bias.defined()) detail::add_bias_now(out, bias);
+      });
+}
+
+void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w, const Tensor& bias,
+                       const Tensor& out, const Tensor& gathered, const FusedOptions& o) {
+  Rank& rank = g.owner();
+  const int n_ranks = g.size();
+  const std::int64_t ml = x.size(0), k = x.size(1), m = ml * n_ranks,
+                     n = trans_w ? w.size(0) : w.size(1);
+  COCEMU_CHECK_ARG((trans_w ? w.size(1) : w.size(0)) == k && out.size(0) == m && out.size(1) == n,
+                   "ALL_GATHER_MATMUL on rank {}: all_gather(x {}) · w {} -> out {} do not fit",
+                   rank.id(), x.describe(), w.describe(), out.describe());
+  COCEMU_CHECK_ARG(!gathered.defined() || (gathered.size(0) == m && gathered.size(1) == k),
+                   "ALL_GATHER_MATMUL_V2 on rank {}: gathered output {} must be [{}, {}]",
+                   rank.id(), gathered.describe(), m, k);
+  const Pipeline pl = pipeline(ml, o);
+  const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * k) * e;
+  const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  std::vector<double> cc, cm;
+  for (std::int64_t s = 0; s < pl.steps; ++s) {
+    const std::int64_t h = std::min(pl.step_rows, ml - s * pl.step_rows);
+    cc.push_back(detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed));
+    cm.push_back(comm_cost(rank, CollOp::all_gather, n_ranks, h * k, x.dtype()));
+  }
+  const PipelineCost pc = price_pipeline(cc, cm, true);
+  const Tensor full = gathered.defined() ? gathered : Tensor::shape_only({m, k}, x.dtype());
+  launch_fused(
+      g,
+      fmt::format("{}ALL_GATHER_MATMUL{} {}x{}x{}", o.label, gathered.defined() ? "_V2" : "", m, k,
+                  n),
+      pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+        const Tensor xf = full.has_data() ? full : Tensor::zeros({m, k}, x.dtype());
+        for (std::int64_t s = 0; s < pl.steps; ++s) {
+          const int slot = int(s % 2);
+          const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
+          const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, ml - r0);
+          const std::size_t slot_off = std::size_t(slot) * slot_bytes;
+          // Comm first: publish this step's input rows, gather everyone's.
+          buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
+                   fmt::format("slot {} free for step {}", slot, s));
+          std::memcpy(buf.local() + slot_off,
+                      static_cast<const std::byte*>(x.raw()) + std::size_t(r0 * k) * e,
+                      std::size_t(h * k) * e);
+          signal_all(buf, kReady + slot);
+          buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
+                   fmt::format("input rows of step {} from every rank", s));
+          for (int j = 0; j < n_ranks; ++j)
+            std::memcpy(static_cast<std::byte*>(xf.raw()) + std::size_t((j * ml + r0) * k) * e,
+                        buf.peer(j) + slot_off, std::size_t(h * k) * e);
+          signal_all(buf, kFree + slot);
+          // Compute the output rows of the gathered input.
+          for (int j = 0; j < n_ranks; ++j)
+            for (std::int64_t t0 = 0; t0 < h; t0 += o.tile_rows) {
+              const std::int64_t th = std::min(o.tile_rows, h - t0), xr = j * ml + r0 + t0;
+              detail::gemm_now(xf.rows(xr, xr + th), false, w, trans_w, out.rows(xr, xr + th));
+            }
+        }
+        for (int slot = 0; slot < 2; ++slot) {
+          const std::uint32_t uses =
+              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
+          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
+        }
+        if (bias.defined()) detail::add_bias_now(out, bias);
+      });
+}
+
+}  // namespace cocemu::layers

@@ -1,0 +1,158 @@
+#include "kernels.h"
+
+#include <cstring>
+
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/det_gemm.h"
+#include "cocemu/runtime/error.h"
+
+namespace cocemu::layers::detail {
+
+Tensor alloc(const Rank& rank, const Shape& shape, DType dtype) {
+  return rank.numerics() ? Tensor::zeros(shape, dtype) : Tensor::shape_only(shape, dtype);
+}
+
+double gemm_cost_ns(const Rank& rank, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                    bool weight_transposed) {
+  const DeviceProfile& p = rank.profile();
+  // A column-major weight has k-long rows: only k's alignment matters then.
+  return gemm_ns(p, m, weight_transposed ? k : n, k, dtype == DType::f64 ? DType::f64 : dtype);
+}
+
+void gemm_now(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c) {
+  const std::int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1);
+  const std::int64_t n = tb ? b.size(0) : b.size(1), kb = tb ? b.size(1) : b.size(0);
+  COCEMU_CHECK_ARG(k == kb && c.size(0) == m && c.size(1) == n && a.dtype() == b.dtype() &&
+                       a.dtype() == c.dtype(),
+                   "matmul: {}{} · {}{} -> {} do not fit", a.describe(), ta ? "ᵀ" : "",
+                   b.describe(), tb ? "ᵀ" : "", c.describe());
+  if (m == 0 || n == 0) return;
+  switch (a.dtype()) {
+    case DType::f32:
+      blas::det_gemm(m, n, k, a.data<float>(), a.size(1), ta, b.data<float>(), b.size(1), tb,
+                     c.data<float>(), n);
+      return;
+    case DType::f64:
+      blas::det_gemm(m, n, k, a.data<double>(), a.size(1), ta, b.data<double>(), b.size(1), tb,
+                     c.data<double>(), n);
+      return;
+    case DType::f16:
+    case DType::bf16: {
+      Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32),
+             c32 = Tensor::zeros(c.shape(), DType::f32);
+      gemm_now(a32, ta, b32, tb, c32);
+      c.copy_from(c32.to(c.dtype()));
+      return;
+    }
+    default:
+      COCEMU_FAIL(Errc::invalid_argument,
+                  "matmul: dtype {} unsupported; allowed f32, f64, f16, bf16", name_of(a.dtype()));
+  }
+}
+
+void matmul(Rank& rank, const std::string& name, const Tensor& a, bool ta, const Tensor& b, bool tb,
+            const Tensor& c, bool weight_transposed) {
+  const std::int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1);
+  const std::int64_t n = tb ? b.size(0) : b.size(1);
+  rank.current_stream().launch(
+      {.name = fmt::format("{} {}x{}x{}", name, m, k, n),
+       .cls = OpClass::compute,
+       .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), weight_transposed),
+       .flops = std::uint64_t(2 * m * n * k)},
+      [=] { gemm_now(a, ta, b, tb, c); });
+}
+
+void add_bias_now(const Tensor& y, const Tensor& bias) {
+  const std::int64_t m = y.size(0), n = y.size(1);
+  visit_dtype(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    T* p = y.data<T>();
+    const T* b = bias.data<T>();
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        p[i * n + j] = store_as<T>(A(load_as<A>(p[i * n + j]) + load_as<A>(b[j])));
+  });
+}
+
+void add_bias(Rank& rank, const Tensor& y, const Tensor& bias) {
+  if (!bias.defined()) return;
+  rank.current_stream().launch({.name = "bias add",
+                                .cls = OpClass::compute,
+                                .work_ns = memory_ns(rank.profile(), 2 * y.nbytes())},
+                               [=] { add_bias_now(y, bias); });
+}
+
+void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g) {
+  rank.current_stream().launch({.name = "main_grad +=",
+                                .cls = OpClass::compute,
+                                .work_ns = memory_ns(rank.profile(), 3 * main_grad.nbytes())},
+                               [=] {
+                                 float* mg = main_grad.data<float>();
+                                 const Tensor g32 = g.dtype() == DType::f32 ? g : g.to(DType::f32);
+                                 const float* p = g32.data<float>();
+                                 for (std::int64_t i = 0; i < main_grad.numel(); ++i)
+                                   mg[i] += p[i];
+                               });
+}
+
+void bias_grad(Rank& rank, const Tensor& db, const Tensor& dy) {
+  if (!db.defined()) return;
+  rank.current_stream().launch({.name = "bias grad",
+                                .cls = OpClass::compute,
+                                .work_ns = memory_ns(rank.profile(), dy.nbytes())},
+                               [=] {
+                                 const Tensor d = dy.to(DType::f64);
+                                 const std::int64_t m = d.size(0), n = d.size(1);
+                                 float* out = db.data<float>();
+                                 for (std::int64_t j = 0; j < n; ++j) {
+                                   float s = 0;
+                                   for (std::int64_t i = 0; i < m; ++i)
+                                     s += float(d.data<double>()[i * n + j]);
+                                   out[j] += s;
+                                 }
+                               });
+}
+
+void shuffle_rows(Rank& rank, const Tensor& src, const Tensor& dst, std::int64_t a,
+                  std::int64_t b) {
+  rank.current_stream().launch(
+      {.name = fmt::format("reorder [{}, {}, per] -> [{}, {}, per]", a, b, b, a),
+       .cls = OpClass::compute,
+       .work_ns = memory_ns(rank.profile(), 2 * src.nbytes())},
+      [=] {
+        const std::int64_t rows = src.size(0), per = rows / (a * b);
+        const std::size_t row_bytes = std::size_t(src.shape().row_numel()) * size_of(src.dtype());
+        const auto* s = static_cast<const std::byte*>(src.raw());
+        auto* d = static_cast<std::byte*>(dst.raw());
+        for (std::int64_t i = 0; i < a; ++i)
+          for (std::int64_t j = 0; j < b; ++j)
+            std::memcpy(d + std::size_t((j * a + i) * per) * row_bytes,
+                        s + std::size_t((i * b + j) * per) * row_bytes,
+                        std::size_t(per) * row_bytes);
+      });
+}
+
+void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int64_t parts,
+                  std::int64_t part, bool into_wide) {
+  rank.current_stream().launch({.name = into_wide ? "place columns" : "take columns",
+                                .cls = OpClass::compute,
+                                .work_ns = memory_ns(rank.profile(), 2 * narrow.nbytes())},
+                               [=] {
+                                 const std::int64_t m = narrow.size(0), w = narrow.size(1);
+                                 const std::size_t e = size_of(narrow.dtype());
+                                 auto* nb = static_cast<std::byte*>(narrow.raw());
+                                 auto* wb = static_cast<std::byte*>(wide.raw());
+                                 for (std::int64_t i = 0; i < m; ++i) {
+                                   std::byte* wide_row =
+                                       wb + std::size_t(i * parts * w + part * w) * e;
+                                   std::byte* narrow_row = nb + std::size_t(i * w) * e;
+                                   if (into_wide)
+                                     std::memcpy(wide_row, narrow_row, std::size_t(w) * e);
+                                   else
+                                     std::memcpy(narrow_row, wide_row, std::size_t(w) * e);
+                                 }
+                               });
+}
+
+}  // namespace cocemu::layers::detail

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 
 namespace cocemu {
@@ -59,11 +61,54 @@ std::string Shape::str() const {
 }
 
 namespace {
+
+/// A caching allocator, as PyTorch's: freed blocks are kept by size and handed out again, so the
+/// layers' per-call activations do not pay page faults and page clearing every time. At most
+/// kCacheLimit bytes are kept; blocks are 64-byte aligned.
+class BlockCache {
+ public:
+  static BlockCache& instance() {
+    static BlockCache* cache = new BlockCache();  // never destroyed: tensors may outlive main
+    return *cache;
+  }
+  std::byte* get(std::size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        std::byte* p = it->second;
+        free_.erase(it);
+        cached_ -= bytes;
+        return p;
+      }
+    }
+    return static_cast<std::byte*>(::operator new[](bytes, kAlign));
+  }
+  void put(std::byte* p, std::size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      if (cached_ + bytes <= kCacheLimit) {
+        free_.emplace(bytes, p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    ::operator delete[](p, kAlign);
+  }
+
+ private:
+  static constexpr std::align_val_t kAlign{64};
+  static constexpr std::size_t kCacheLimit = std::size_t(4) << 30;
+  std::mutex mu_;
+  std::multimap<std::size_t, std::byte*> free_;
+  std::size_t cached_ = 0;
+};
+
 std::shared_ptr<std::byte[]> allocate(std::size_t bytes) {
-  constexpr std::align_val_t align{64};
-  auto* p = static_cast<std::byte*>(::operator new[](bytes ? bytes : 1, align));
-  std::memset(p, 0, bytes);
-  return std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, align); });
+  const std::size_t n = bytes ? bytes : 1;
+  std::byte* p = BlockCache::instance().get(n);
+  std::memset(p, 0, n);
+  return std::shared_ptr<std::byte[]>(p, [n](std::byte* q) { BlockCache::instance().put(q, n); });
 }
 }  // namespace
 

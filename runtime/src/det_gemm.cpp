@@ -21,16 +21,21 @@ void pack_b(const float* b, std::int64_t ldb, bool trans, std::int64_t p0, std::
   for (std::int64_t q = 0; q < nc; q += NR) {
     const std::int64_t w = std::min(NR, nc - q);
     float* dst = out + q * kc;
-    for (std::int64_t p = 0; p < kc; ++p) {
-      float* row = dst + p * NR;
-      if (!trans) {
+    if (!trans) {
+      for (std::int64_t p = 0; p < kc; ++p) {
+        float* row = dst + p * NR;
         std::memcpy(row, b + (p0 + p) * ldb + j0 + q, std::size_t(w) * sizeof(float));
-      } else {
-        for (std::int64_t j = 0; j < w; ++j)
-          row[j] = b[(j0 + q + j) * ldb + p0 + p];
+        std::fill(row + w, row + NR, 0.0f);
+      }
+    } else {  // read each of B's rows contiguously, scatter into the panel's column
+      for (std::int64_t j = 0; j < w; ++j) {
+        const float* src = b + (j0 + q + j) * ldb + p0;
+        for (std::int64_t p = 0; p < kc; ++p)
+          dst[p * NR + j] = src[p];
       }
       for (std::int64_t j = w; j < NR; ++j)
-        row[j] = 0.0f;
+        for (std::int64_t p = 0; p < kc; ++p)
+          dst[p * NR + j] = 0.0f;
     }
   }
 }
@@ -41,11 +46,26 @@ void pack_a(const float* a, std::int64_t lda, bool trans, std::int64_t i0, std::
   for (std::int64_t r = 0; r < mc; r += MR) {
     const std::int64_t h = std::min(MR, mc - r);
     float* dst = out + r * kc;
-    for (std::int64_t p = 0; p < kc; ++p)
-      for (std::int64_t i = 0; i < MR; ++i)
-        dst[p * MR + i] = i >= h  ? 0.0f
-                          : trans ? a[(p0 + p) * lda + i0 + r + i]
-                                  : a[(i0 + r + i) * lda + p0 + p];
+    if (trans) {  // A stored [k, m]: row p holds the MR values contiguously
+      for (std::int64_t p = 0; p < kc; ++p) {
+        const float* src = a + (p0 + p) * lda + i0 + r;
+        for (std::int64_t i = 0; i < h; ++i)
+          dst[p * MR + i] = src[i];
+        for (std::int64_t i = h; i < MR; ++i)
+          dst[p * MR + i] = 0.0f;
+      }
+    } else {
+      for (std::int64_t i = 0; i < MR; ++i) {
+        if (i >= h) {
+          for (std::int64_t p = 0; p < kc; ++p)
+            dst[p * MR + i] = 0.0f;
+          continue;
+        }
+        const float* src = a + (i0 + r + i) * lda + p0;
+        for (std::int64_t p = 0; p < kc; ++p)
+          dst[p * MR + i] = src[p];
+      }
+    }
   }
 }
 

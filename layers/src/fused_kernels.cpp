@@ -188,12 +188,12 @@ void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor&
           // 1. compute: wait for the slot to be free, produce tiles, announce them.
           buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
                    fmt::format("slot {} free for step {}", slot, s));
-          for (std::int64_t t0 = 0; t0 < h; t0 += o.tile_rows) {
-            const std::int64_t th = std::min(o.tile_rows, h - t0);
-            Tensor tile = Tensor::zeros({th, n}, x.dtype());
-            detail::gemm_now(x.rows(r0 + t0, r0 + t0 + th), false, w, true, tile);
-            std::memcpy(buf.local() + slot_off + std::size_t(t0 * n) * e, tile.raw(),
-                        tile.nbytes());
+          {
+            // The step's tiles in one call: the GEMM is tiling-invariant, so this equals tile by
+            // tile.
+            Tensor tiles = Tensor::zeros({h, n}, x.dtype());
+            detail::gemm_now(x.rows(r0, r0 + h), false, w, true, tiles);
+            std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
           }
           signal_all(buf, kReady + slot);
           // 2. reduce my segment of the step's elements from every rank's slot.
@@ -268,15 +268,13 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
           buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
                    fmt::format("slot {} free for step {}", slot, s));
           // Block j of the slot holds this step's rows of rank j's output region.
-          for (int j = 0; j < n_ranks; ++j)
-            for (std::int64_t t0 = 0; t0 < h; t0 += o.tile_rows) {
-              const std::int64_t th = std::min(o.tile_rows, h - t0), xr = j * ml + r0 + t0;
-              Tensor tile = Tensor::zeros({th, n}, x.dtype());
-              detail::gemm_now(x.rows(xr, xr + th), false, w, true, tile);
-              std::memcpy(
-                  buf.local() + slot_off + std::size_t(j) * block_bytes + std::size_t(t0 * n) * e,
-                  tile.raw(), tile.nbytes());
-            }
+          for (int j = 0; j < n_ranks; ++j) {
+            const std::int64_t xr = j * ml + r0;  // the step's tiles in one tiling-invariant call
+            Tensor tiles = Tensor::zeros({h, n}, x.dtype());
+            detail::gemm_now(x.rows(xr, xr + h), false, w, true, tiles);
+            std::memcpy(buf.local() + slot_off + std::size_t(j) * block_bytes, tiles.raw(),
+                        tiles.nbytes());
+          }
           signal_all(buf, kReady + slot);
           buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
                    fmt::format("tiles of step {} from every rank", s));
@@ -342,11 +340,10 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
                         buf.peer(j) + slot_off, std::size_t(h * k) * e);
           signal_all(buf, kFree + slot);
           // Compute the output rows of the gathered input.
-          for (int j = 0; j < n_ranks; ++j)
-            for (std::int64_t t0 = 0; t0 < h; t0 += o.tile_rows) {
-              const std::int64_t th = std::min(o.tile_rows, h - t0), xr = j * ml + r0 + t0;
-              detail::gemm_now(xf.rows(xr, xr + th), false, w, trans_w, out.rows(xr, xr + th));
-            }
+          for (int j = 0; j < n_ranks; ++j) {
+            const std::int64_t xr = j * ml + r0;  // the step's tiles in one tiling-invariant call
+            detail::gemm_now(xf.rows(xr, xr + h), false, w, trans_w, out.rows(xr, xr + h));
+          }
         }
         for (int slot = 0; slot < 2; ++slot) {
           const std::uint32_t uses =

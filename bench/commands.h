@@ -8,5 +8,7 @@ namespace cocemu::cli {
 void add_collbench(CLI::App& app);
 /// Registers `cocemu attention` on `app`.
 void add_attention(CLI::App& app);
+/// Registers `cocemu mlpbench` on `app`.
+void add_mlpbench(CLI::App& app);
 
 }  // namespace cocemu::cli

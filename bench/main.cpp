@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   cocemu::cli::add_collbench(app);
   cocemu::cli::add_attention(app);
+  cocemu::cli::add_mlpbench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,194 @@
+// `cocemu mlpbench`: a real-numerics tensor-parallel MLP block (column up, row down, sequence
+// parallel) forward+backward under every CoC strategy, against the compute floor of this machine:
+// the same GEMMs run back to back by n threads with plain OpenBLAS in the same process.
+#include <cblas.h>
+#include <nlohmann/json.hpp>
+
+#include <barrier>
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "cocemu/collectives/ops.h"
+#include "cocemu/layers/linear.h"
+#include "cocemu/runtime/error.h"
+#include "commands.h"
+
+namespace cocemu::cli {
+
+namespace {
+
+using layers::LinearOptions;
+using layers::Strategy;
+
+struct MlpOpts {
+  int ranks = 8, repeats = 3;
+  std::int64_t m = 2048, hidden = 2048, ffn = 8192;
+  std::string json;
+};
+
+Tensor random_tensor(const Shape& s, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  Tensor t = Tensor::zeros(s, DType::f32);
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.data<float>()[i] = u(rng);
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// The compute floor: every thread runs the block's six GEMMs with single-threaded OpenBLAS.
+double floor_ns(const MlpOpts& o) {
+  const std::int64_t m = o.m, h = o.hidden, f = o.ffn / o.ranks;
+  std::vector<double> samples;
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    std::barrier sync(o.ranks);
+    std::vector<double> times(std::size_t(o.ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < o.ranks; ++r)
+      threads.emplace_back([&, r] {
+        openblas_set_num_threads(1);
+        std::vector<float> x(std::size_t(m * h), 0.01f), w1(std::size_t(f * h), 0.01f),
+            w2(std::size_t(h * f), 0.01f);
+        std::vector<float> a(std::size_t(m * f)), y(std::size_t(m * h)), g1(std::size_t(f * h)),
+            g2(std::size_t(h * f));
+        sync.arrive_and_wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        // forward: a = x·w1ᵀ, y = a·w2ᵀ; backward: da = dy·w2, dw2 = dyᵀ·a, dx = da·w1, dw1 = daᵀ·x
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(f), int(h), 1, x.data(),
+                    int(h), w1.data(), int(h), 0, a.data(), int(f));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(h), int(f), 1, a.data(),
+                    int(f), w2.data(), int(f), 0, y.data(), int(h));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(f), int(h), 1, y.data(),
+                    int(h), w2.data(), int(f), 0, a.data(), int(f));
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(h), int(f), int(m), 1, y.data(),
+                    int(h), a.data(), int(f), 0, g2.data(), int(f));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(h), int(f), 1, a.data(),
+                    int(f), w1.data(), int(h), 0, x.data(), int(h));
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(f), int(h), int(m), 1, a.data(),
+                    int(f), x.data(), int(h), 0, g1.data(), int(h));
+        sync.arrive_and_wait();
+        times[std::size_t(r)] = double((std::chrono::steady_clock::now() - t0).count());
+      });
+    for (auto& t : threads)
+      t.join();
+    samples.push_back(*std::max_element(times.begin(), times.end()));
+  }
+  return median(samples);
+}
+
+struct StrategyResult {
+  std::string name;
+  double wall_ns = 0;
+  std::int64_t modeled_ns = 0;
+  bool bitwise_equal_serial = false;
+};
+
+}  // namespace
+
+void add_mlpbench(CLI::App& app) {
+  auto o = std::make_shared<MlpOpts>();
+  CLI::App* sub = app.add_subcommand(
+      "mlpbench",
+      "real-numerics TP MLP block fwd+bwd per CoC strategy vs the OpenBLAS compute floor");
+  sub->add_option("-n,--ranks", o->ranks, "TP size")->capture_default_str();
+  sub->add_option("--m", o->m, "tokens (sequence × micro batch)")->capture_default_str();
+  sub->add_option("--hidden", o->hidden)->capture_default_str();
+  sub->add_option("--ffn", o->ffn)->capture_default_str();
+  sub->add_option("--repeats", o->repeats)->capture_default_str();
+  sub->add_option("--json", o->json, "write floor_ns and strategies[] here");
+  sub->callback([o] {
+    COCEMU_CHECK_ARG(
+        o->m % o->ranks == 0 && o->ffn % o->ranks == 0 && o->repeats >= 1,
+        "mlpbench: m ({}) and ffn ({}) must be divisible by the ranks ({}); repeats >= 1", o->m,
+        o->ffn, o->ranks);
+    const std::int64_t m = o->m, h = o->hidden, f = o->ffn / o->ranks, ml = m / o->ranks;
+    const double floor = floor_ns(*o);
+    std::vector<std::pair<std::string, LinearOptions>> strategies{
+        {"serial", {.strategy = Strategy::serial}},
+        {"script P=2", {.strategy = Strategy::script, .parallel_num = 2}},
+        {"script P=4", {.strategy = Strategy::script, .parallel_num = 4}},
+        {"script P=8", {.strategy = Strategy::script, .parallel_num = 8}},
+        {"fused", {.strategy = Strategy::fused, .tile_rows = 128, .tiles_per_step = 2}}};
+    std::vector<StrategyResult> results;
+    std::vector<std::vector<std::byte>> serial_bits;
+    for (const auto& [name, lo] : strategies) {
+      std::vector<double> walls;
+      std::vector<std::vector<std::byte>> bits(std::size_t(o->ranks));
+      std::int64_t modeled = 0;
+      for (int rep = 0; rep < o->repeats; ++rep) {
+        WorldOptions wo;
+        wo.n_ranks = o->ranks;
+        wo.record_wall_times = false;
+        std::vector<double> per_rank(std::size_t(o->ranks));
+        RunResult run_result = run(wo, [&](Rank& rank) {
+          Group tp = Group::world(rank);
+          const int r = rank.id();
+          layers::ColumnParallelLinear up(tp, random_tensor({f, h}, 10 + r), Tensor(), true);
+          layers::RowParallelLinear down(tp, random_tensor({h, f}, 20 + r), Tensor(), true);
+          Tensor x = random_tensor({ml, h}, 30 + r), dy = random_tensor({ml, h}, 40 + r);
+          LinearOptions up_o = lo, down_o = lo;
+          up_o.label = "mlp.up";
+          down_o.label = "mlp.down";
+          barrier(tp).synchronize();
+          const auto t0 = std::chrono::steady_clock::now();
+          Tensor a = up.forward(x, up_o);
+          Tensor y = down.forward(a, down_o);
+          Tensor da = down.backward(dy, down_o);
+          Tensor dx = up.backward(da, up_o);
+          rank.synchronize();
+          per_rank[std::size_t(r)] = double((std::chrono::steady_clock::now() - t0).count());
+          if (rep == 0) {
+            std::vector<std::byte> b;
+            for (const Tensor* t : std::initializer_list<const Tensor*>{&y, &dx, &up.main_grad(),
+                                                                        &down.main_grad()}) {
+              const auto* p = static_cast<const std::byte*>(t->raw());
+              b.insert(b.end(), p, p + t->nbytes());
+            }
+            bits[std::size_t(r)] = std::move(b);
+          }
+        });
+        walls.push_back(*std::max_element(per_rank.begin(), per_rank.end()));
+        modeled = run_result.timeline.makespan_ns();
+      }
+      if (name == "serial") serial_bits = bits;
+      results.push_back({name, median(walls), modeled, bits == serial_bits});
+    }
+    std::printf(
+        "# cocemu mlpbench: TP=%d MLP block (column up %lldx%lld->%lld, row down, sequence "
+        "parallel), f32, fwd+bwd\n",
+        o->ranks, (long long)m, (long long)h, (long long)o->ffn);
+    std::printf(
+        "# floor = the same 6 GEMMs per rank run back to back by %d threads with plain "
+        "single-threaded OpenBLAS\n",
+        o->ranks);
+    std::printf("%-12s %12s %10s %14s %8s\n", "strategy", "wall ms", "x floor", "modeled us",
+                "bitwise");
+    std::printf("%-12s %12.1f %10s %14s %8s\n", "floor", floor / 1e6, "1.00", "-", "-");
+    for (const auto& r : results)
+      std::printf("%-12s %12.1f %10.2f %14.1f %8s\n", r.name.c_str(), r.wall_ns / 1e6,
+                  r.wall_ns / floor, r.modeled_ns / 1e3, r.bitwise_equal_serial ? "yes" : "NO");
+    if (!o->json.empty()) {
+      nlohmann::json s = nlohmann::json::array();
+      for (const auto& r : results)
+        s.push_back({{"name", r.name},
+                     {"wall_ns", r.wall_ns},
+                     {"ratio_to_floor", r.wall_ns / floor},
+                     {"modeled_ns", r.modeled_ns},
+                     {"bitwise_equal_serial", r.bitwise_equal_serial}});
+      std::ofstream fjson(o->json);
+      COCEMU_CHECK_ARG(fjson.good(), "mlpbench: cannot write '{}'", o->json);
+      fjson << nlohmann::json{{"floor_ns", floor}, {"strategies", s}, {"ranks", o->ranks}, {"m", m},
+                              {"hidden", h},       {"ffn", o->ffn}}
+                   .dump(2)
+            << "\n";
+    }
+  });
+}
+
+}  // namespace cocemu::cli

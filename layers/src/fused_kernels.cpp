@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstring>
+#include <functional>
 
 #include "cocemu/collectives/plan.h"
 #include "cocemu/runtime/cost_model.h"
@@ -158,14 +159,18 @@ void launch_fused(Group& g, std::string name, double work_ns,
 
 }  // namespace
 
-void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
-                       const Tensor& out, const FusedOptions& o) {
+namespace {
+/// MATMUL_ALL_REDUCE with the weight produced inside the kernel by `weight` (the plain weight, or
+/// the w8A16 dequantisation), as [n, k] (trans_w) or [k, n].
+void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight, bool trans_w,
+                       std::int64_t n, const Tensor& bias, const Tensor& out, const FusedOptions& o,
+                       const std::string& kernel, double prologue_ns) {
   Rank& rank = g.owner();
   const int n_ranks = g.size(), me = g.rank();
-  const std::int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  COCEMU_CHECK_ARG(w.size(1) == k && out.size(0) == m && out.size(1) == n,
-                   "MATMUL_ALL_REDUCE on rank {}: x {} · wᵀ {} -> out {} do not fit", rank.id(),
-                   x.describe(), w.describe(), out.describe());
+  const std::int64_t m = x.size(0), k = x.size(1);
+  COCEMU_CHECK_ARG(out.size(0) == m && out.size(1) == n && out.dtype() == x.dtype(),
+                   "{} on rank {}: x {} -> out {} do not fit (expected out [{}, {}] of {})", kernel,
+                   rank.id(), x.describe(), out.describe(), m, n, name_of(x.dtype()));
   const Pipeline pl = pipeline(m, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * n) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
@@ -175,60 +180,158 @@ void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor&
     cc.push_back(detail::gemm_cost_ns(rank, h, n, k, x.dtype(), o.weight_transposed));
     cm.push_back(comm_cost(rank, CollOp::all_reduce, n_ranks, h * n, x.dtype()));
   }
-  const PipelineCost pc = price_pipeline(cc, cm, false);
+  PipelineCost pc = price_pipeline(cc, cm, false);
+  if (prologue_ns > 0) {
+    pc.total += prologue_ns;
+    pc.phases.insert(pc.phases.begin(), {"dequantise weight", prologue_ns});
+  }
   const bool det = o.deterministic;
-  launch_fused(
-      g, fmt::format("{}MATMUL_ALL_REDUCE {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
-      pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
-        for (std::int64_t s = 0; s < pl.steps; ++s) {
-          const int slot = int(s % 2);
-          const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
-          const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, m - r0);
-          const std::size_t slot_off = std::size_t(slot) * slot_bytes;
-          // 1. compute: wait for the slot to be free, produce tiles, announce them.
-          buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
-                   fmt::format("slot {} free for step {}", slot, s));
-          {
-            // The step's tiles in one call: the GEMM is tiling-invariant, so this equals tile by
-            // tile.
-            Tensor tiles = Tensor::zeros({h, n}, x.dtype());
-            detail::gemm_now(x.rows(r0, r0 + h), false, w, true, tiles);
-            std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
+  launch_fused(g, fmt::format("{}{} {}x{}x{}{}", o.label, kernel, m, k, n, det ? "" : " nondet"),
+               pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+                 const Tensor w = weight();
+                 for (std::int64_t s = 0; s < pl.steps; ++s) {
+                   const int slot = int(s % 2);
+                   const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
+                   const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, m - r0);
+                   const std::size_t slot_off = std::size_t(slot) * slot_bytes;
+                   // 1. compute: wait for the slot to be free, produce tiles, announce them.
+                   buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
+                            fmt::format("slot {} free for step {}", slot, s));
+                   {
+                     // The step's tiles in one call: the GEMM is tiling-invariant, so this equals
+                     // tile by tile.
+                     Tensor tiles = Tensor::zeros({h, n}, x.dtype());
+                     detail::gemm_now(x.rows(r0, r0 + h), false, w, trans_w, tiles);
+                     std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
+                   }
+                   signal_all(buf, kReady + slot);
+                   // 2. reduce my segment of the step's elements from every rank's slot.
+                   buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
+                            fmt::format("tiles of step {} from every rank", s));
+                   const std::int64_t count = h * n;
+                   const std::int64_t off = segment_offset(count, n_ranks, me),
+                                      len = segment_length(count, n_ranks, me);
+                   std::vector<std::byte> reduced(std::size_t(len) * e);
+                   reduce_segment(buf, slot_off, std::size_t(off) * e, len, x.dtype(),
+                                  order_for(n_ranks, me, det), reduced.data());
+                   // 3. publish it in my slot (peers only read their own segments from it) and
+                   // gather.
+                   std::memcpy(buf.local() + slot_off + std::size_t(off) * e, reduced.data(),
+                               reduced.size());
+                   signal_all(buf, kReduced + slot);
+                   buf.wait(kReduced + slot, (use + 1) * std::uint32_t(n_ranks),
+                            fmt::format("reduced segments of step {}", s));
+                   auto* dst = static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e;
+                   for (int j = 0; j < n_ranks; ++j) {
+                     const std::int64_t jo = segment_offset(count, n_ranks, j),
+                                        jl = segment_length(count, n_ranks, j);
+                     std::memcpy(dst + std::size_t(jo) * e,
+                                 buf.peer(j) + slot_off + std::size_t(jo) * e, std::size_t(jl) * e);
+                   }
+                   // 4. the slot may be overwritten by every peer.
+                   signal_all(buf, kFree + slot);
+                 }
+                 // Do not leave (and free the buffer) while a peer may still read my slots.
+                 for (int slot = 0; slot < 2; ++slot) {
+                   const std::uint32_t uses =
+                       base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
+                   buf.wait(kFree + slot, uses * std::uint32_t(n_ranks),
+                            "peers to finish the last steps");
+                 }
+                 if (bias.defined()) detail::add_bias_now(out, bias);
+               });
+}
+}  // namespace
+
+void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const Tensor& out, const FusedOptions& o) {
+  COCEMU_CHECK_ARG(
+      w.ndim() == 2 && x.ndim() == 2 && w.size(1) == x.size(1) && w.dtype() == x.dtype(),
+      "MATMUL_ALL_REDUCE on rank {}: x {} · wᵀ {} do not fit", g.owner().id(), x.describe(),
+      w.describe());
+  all_reduce_kernel(
+      g, x, [w] { return w; }, true, w.size(0), bias, out, o, "MATMUL_ALL_REDUCE", 0);
+}
+
+Tensor dequantize(const W8A16Weight& q, DType to) {
+  const std::int64_t k = q.weight.size(0), n = q.weight.size(1);
+  Tensor out = Tensor::zeros({k, n}, to);
+  const std::int8_t* w = q.weight.data<std::int8_t>();
+  const float* sc = q.scale.data<float>();
+  const float* of = q.offset.defined() ? q.offset.data<float>() : nullptr;
+  visit_dtype(to, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, std::int8_t> || std::is_same_v<T, std::int32_t>) {
+      COCEMU_FAIL(Errc::invalid_argument, "dequantize to {}: allowed f16, bf16, f32, f64",
+                  name_of(to));
+    } else {
+      T* o = out.data<T>();
+      for (std::int64_t i = 0; i < k; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          std::int64_t idx = 0;  // scale/offset element for (i, j)
+          switch (q.granularity) {
+            case QuantGranularity::per_tensor:
+              idx = 0;
+              break;
+            case QuantGranularity::per_channel:
+              idx = j;
+              break;
+            case QuantGranularity::per_group:
+              idx = (i / q.group_size) * n + j;
+              break;
           }
-          signal_all(buf, kReady + slot);
-          // 2. reduce my segment of the step's elements from every rank's slot.
-          buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
-                   fmt::format("tiles of step {} from every rank", s));
-          const std::int64_t count = h * n;
-          const std::int64_t off = segment_offset(count, n_ranks, me),
-                             len = segment_length(count, n_ranks, me);
-          std::vector<std::byte> reduced(std::size_t(len) * e);
-          reduce_segment(buf, slot_off, std::size_t(off) * e, len, x.dtype(),
-                         order_for(n_ranks, me, det), reduced.data());
-          // 3. publish it in my slot (peers only read their own segments from it) and gather.
-          std::memcpy(buf.local() + slot_off + std::size_t(off) * e, reduced.data(),
-                      reduced.size());
-          signal_all(buf, kReduced + slot);
-          buf.wait(kReduced + slot, (use + 1) * std::uint32_t(n_ranks),
-                   fmt::format("reduced segments of step {}", s));
-          auto* dst = static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e;
-          for (int j = 0; j < n_ranks; ++j) {
-            const std::int64_t jo = segment_offset(count, n_ranks, j),
-                               jl = segment_length(count, n_ranks, j);
-            std::memcpy(dst + std::size_t(jo) * e, buf.peer(j) + slot_off + std::size_t(jo) * e,
-                        std::size_t(jl) * e);
-          }
-          // 4. the slot may be overwritten by every peer.
-          signal_all(buf, kFree + slot);
+          const float v = (float(w[i * n + j]) + (of ? of[idx] : 0.0f)) * sc[idx];
+          o[i * n + j] = store_as<T>(acc_t<T>(v));
         }
-        // Do not leave (and free the buffer) while a peer may still read my slots.
-        for (int slot = 0; slot < 2; ++slot) {
-          const std::uint32_t uses =
-              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
-          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
-        }
-        if (bias.defined()) detail::add_bias_now(out, bias);
-      });
+    }
+  });
+  return out;
+}
+
+void w8a16_matmul_all_reduce(Group& g, const Tensor& x, const W8A16Weight& q, const Tensor& bias,
+                             const Tensor& out, const FusedOptions& o) {
+  Rank& rank = g.owner();
+  COCEMU_CHECK_ARG(x.ndim() == 2 && (x.dtype() == DType::f16 || x.dtype() == DType::bf16),
+                   "w8A16 MATMUL_ALL_REDUCE on rank {}: activations {} must be 2-D f16 or bf16",
+                   rank.id(), x.describe());
+  COCEMU_CHECK_ARG(
+      q.weight.ndim() == 2 && q.weight.dtype() == DType::i8 && q.weight.size(0) == x.size(1),
+      "w8A16 MATMUL_ALL_REDUCE on rank {}: weight {} must be i8 [k = {}, n]", rank.id(),
+      q.weight.describe(), x.size(1));
+  const std::int64_t k = q.weight.size(0), n = q.weight.size(1);
+  std::int64_t groups = 1, expect = 1;
+  switch (q.granularity) {
+    case QuantGranularity::per_tensor:
+      expect = 1;
+      break;
+    case QuantGranularity::per_channel:
+      expect = n;
+      break;
+    case QuantGranularity::per_group:
+      COCEMU_CHECK_ARG(q.group_size >= 1, "w8A16 per-group: group_size = {} must be >= 1",
+                       q.group_size);
+      groups = (k + q.group_size - 1) / q.group_size;  // ceil(k/g): the last group may be ragged
+      expect = groups * n;
+      break;
+  }
+  COCEMU_CHECK_ARG(
+      q.scale.dtype() == DType::f32 && q.scale.numel() == expect,
+      "w8A16 on rank {}: scale {} must hold {} f32 values ({} for k = {}, n = {}{})", rank.id(),
+      q.scale.describe(), expect,
+      q.granularity == QuantGranularity::per_tensor    ? "[1]"
+      : q.granularity == QuantGranularity::per_channel ? "[n]"
+                                                       : "[ceil(k/g), n]",
+      k, n,
+      q.granularity == QuantGranularity::per_group ? fmt::format(", g = {}", q.group_size) : "");
+  COCEMU_CHECK_ARG(
+      !q.offset.defined() || (q.offset.dtype() == DType::f32 && q.offset.numel() == expect),
+      "w8A16 on rank {}: offset {} must match the scale's shape ({} f32 values)", rank.id(),
+      q.offset.describe(), expect);
+  const double prologue =
+      memory_ns(rank.profile(), std::uint64_t(k * n) * (1 + size_of(x.dtype())));
+  all_reduce_kernel(
+      g, x, [q, t = x.dtype()] { return dequantize(q, t); }, false, n, bias, out, o,
+      "W8A16_MATMUL_ALL_REDUCE", prologue);
 }
 
 void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,

@@ -34,4 +34,24 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
 void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w, const Tensor& bias,
                        const Tensor& out, const Tensor& gathered, const FusedOptions& o);
 
+enum class QuantGranularity : std::uint8_t { per_tensor, per_channel, per_group };
+
+/// An int8 weight [k, n] with f32 scales (and optional offsets): [1] per tensor, [n] per
+/// channel, [ceil(k/g), n] per group of g rows along k (the last group may be ragged).
+struct W8A16Weight {
+  Tensor weight;  ///< i8 [k, n]
+  Tensor scale;   ///< f32
+  Tensor offset;  ///< f32, same shape as scale, or undefined
+  QuantGranularity granularity = QuantGranularity::per_channel;
+  std::int64_t group_size = 0;
+};
+
+/// (weight + offset) · scale, computed in f32 and rounded once to `to`.
+Tensor dequantize(const W8A16Weight& q, DType to);
+
+/// w8A16 MATMUL_ALL_REDUCE: out = all_reduce(x · ((W + offset) · scale)) (+ bias once), with x
+/// f16 or bf16 [m, k]; the weight is dequantised inside the kernel.
+void w8a16_matmul_all_reduce(Group& g, const Tensor& x, const W8A16Weight& q, const Tensor& bias,
+                             const Tensor& out, const FusedOptions& o);
+
 }  // namespace cocemu::layers

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "cocemu/collectives/plan.h"
 #include "cocemu/runtime/cost_model.h"
@@ -24,7 +25,70 @@ namespace cocemu::layers {
 
 namespace {
 
-enum Flag : int { kReady = 0, kReduced = 2, kFree = 4, kFlags = 6 };  // + slot (0 or 1)
+// Flag slots (+ slot index 0 or 1). kPublished is raised by a rank on itself only; kConsumed has
+// one counter per (slot, reader), raised by the reader on the slot's owner (checked mode).
+enum Flag : int { kReady = 0, kReduced = 2, kFree = 4, kPublished = 6, kConsumed = 8 };
+constexpr int flag_count(int n) {
+  return kConsumed + 2 * n;
+}
+int consumed_flag(int slot, int reader) {
+  return kConsumed + slot * 64 + reader;
+}
+
+/// The checks of checked mode and the test hook, around a kernel's slot accesses.
+struct Protocol {
+  SymmetricBuffer buf;
+  int n, me;
+  FusedOptions o;
+  std::string kernel;
+
+  bool misbehaving() const { return o.test_hook.rank == me; }
+  void stall() const {
+    if (o.test_hook.rank >= 0 && !misbehaving() && o.test_hook.delay_others.count() > 0)
+      std::this_thread::sleep_for(o.test_hook.delay_others);
+  }
+  void wait_free(int slot, std::uint32_t use, std::int64_t step) const {
+    buf.wait(kFree + slot, use * std::uint32_t(n),
+             fmt::format("{} slot {} free for step {}", kernel, slot, step));
+  }
+  void wait_ready(int slot, std::uint32_t use, std::int64_t step) const {
+    if (!(misbehaving() && o.test_hook.skip_ready_wait))
+      buf.wait(kReady + slot, (use + 1) * std::uint32_t(n),
+               fmt::format("{} tiles of step {} from every rank", kernel, step));
+  }
+  void before_write(int slot, std::uint32_t use, std::int64_t step) const {
+    if (!o.checked) return;
+    for (int j = 0; j < n; ++j) {
+      const std::uint32_t got = buf.flag(me, consumed_flag(slot, j));
+      COCEMU_CHECK(got >= use, Errc::internal,
+                   "{} protocol violation: rank {} overwrote slot {} at step {} before peer {} "
+                   "consumed its previous contents (peer consumed {} uses, needed {})",
+                   kernel, me, slot, step, j, got, use);
+    }
+  }
+  void published(int slot) const {
+    if (o.checked) buf.signal(me, kPublished + slot);
+  }
+  void before_read(int peer, int slot, std::uint32_t use, std::int64_t step) const {
+    if (!o.checked) return;
+    const std::uint32_t got = buf.flag(peer, kPublished + slot);
+    COCEMU_CHECK(got >= use + 1, Errc::internal,
+                 "{} protocol violation: rank {} read peer {}'s slot {} at step {} before its flag "
+                 "was raised (peer published {} uses, needed {})",
+                 kernel, me, peer, slot, step, got, use + 1);
+  }
+  /// The test hook's premature overwrite: the write of step s+2 into this slot, right now.
+  void maybe_overwrite_early(int slot, std::uint32_t use, std::int64_t step) const {
+    if (misbehaving() && o.test_hook.overwrite_early && step == 0)
+      before_write(slot, use + 1, step + 2);
+  }
+  void consumed(int slot) const {
+    stall();
+    if (o.checked)
+      for (int j = 0; j < n; ++j)
+        buf.signal(j, consumed_flag(slot, me));
+  }
+};
 
 struct Pipeline {
   std::int64_t step_rows, steps;
@@ -133,7 +197,7 @@ std::pair<SymmetricBuffer, std::array<std::uint32_t, 2>> workspace(Group& g, std
   // Allocated outside World::shared's lock (allocation uses the registry too). The workspace is
   // this rank's own, so no other thread races on it.
   if (!ws->allocated) {
-    ws->buf = SymmetricBuffer::allocate(rank, g.ranks(), bytes, kFlags);
+    ws->buf = SymmetricBuffer::allocate(rank, g.ranks(), bytes, kConsumed + 2 * 64);
     ws->allocated = true;
   }
   std::array<std::uint32_t, 2> base{ws->uses[0], ws->uses[1]};
@@ -186,60 +250,61 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
     pc.phases.insert(pc.phases.begin(), {"dequantise weight", prologue_ns});
   }
   const bool det = o.deterministic;
-  launch_fused(g, fmt::format("{}{} {}x{}x{}{}", o.label, kernel, m, k, n, det ? "" : " nondet"),
-               pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
-                 const Tensor w = weight();
-                 for (std::int64_t s = 0; s < pl.steps; ++s) {
-                   const int slot = int(s % 2);
-                   const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
-                   const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, m - r0);
-                   const std::size_t slot_off = std::size_t(slot) * slot_bytes;
-                   // 1. compute: wait for the slot to be free, produce tiles, announce them.
-                   buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
-                            fmt::format("slot {} free for step {}", slot, s));
-                   {
-                     // The step's tiles in one call: the GEMM is tiling-invariant, so this equals
-                     // tile by tile.
-                     Tensor tiles = Tensor::zeros({h, n}, x.dtype());
-                     detail::gemm_now(x.rows(r0, r0 + h), false, w, trans_w, tiles);
-                     std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
-                   }
-                   signal_all(buf, kReady + slot);
-                   // 2. reduce my segment of the step's elements from every rank's slot.
-                   buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
-                            fmt::format("tiles of step {} from every rank", s));
-                   const std::int64_t count = h * n;
-                   const std::int64_t off = segment_offset(count, n_ranks, me),
-                                      len = segment_length(count, n_ranks, me);
-                   std::vector<std::byte> reduced(std::size_t(len) * e);
-                   reduce_segment(buf, slot_off, std::size_t(off) * e, len, x.dtype(),
-                                  order_for(n_ranks, me, det), reduced.data());
-                   // 3. publish it in my slot (peers only read their own segments from it) and
-                   // gather.
-                   std::memcpy(buf.local() + slot_off + std::size_t(off) * e, reduced.data(),
-                               reduced.size());
-                   signal_all(buf, kReduced + slot);
-                   buf.wait(kReduced + slot, (use + 1) * std::uint32_t(n_ranks),
-                            fmt::format("reduced segments of step {}", s));
-                   auto* dst = static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e;
-                   for (int j = 0; j < n_ranks; ++j) {
-                     const std::int64_t jo = segment_offset(count, n_ranks, j),
-                                        jl = segment_length(count, n_ranks, j);
-                     std::memcpy(dst + std::size_t(jo) * e,
-                                 buf.peer(j) + slot_off + std::size_t(jo) * e, std::size_t(jl) * e);
-                   }
-                   // 4. the slot may be overwritten by every peer.
-                   signal_all(buf, kFree + slot);
-                 }
-                 // Do not leave (and free the buffer) while a peer may still read my slots.
-                 for (int slot = 0; slot < 2; ++slot) {
-                   const std::uint32_t uses =
-                       base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
-                   buf.wait(kFree + slot, uses * std::uint32_t(n_ranks),
-                            "peers to finish the last steps");
-                 }
-                 if (bias.defined()) detail::add_bias_now(out, bias);
-               });
+  launch_fused(
+      g, fmt::format("{}{} {}x{}x{}{}", o.label, kernel, m, k, n, det ? "" : " nondet"), pc.total,
+      pc.phases, std::uint64_t(2 * m * n * k), [=] {
+        const Tensor w = weight();
+        const Protocol pr{buf, n_ranks, me, o, kernel};
+        for (std::int64_t s = 0; s < pl.steps; ++s) {
+          const int slot = int(s % 2);
+          const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
+          const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, m - r0);
+          const std::size_t slot_off = std::size_t(slot) * slot_bytes;
+          // 1. compute: wait for the slot to be free, produce the step's tiles, announce them.
+          pr.wait_free(slot, use, s);
+          Tensor tiles = Tensor::zeros({h, n}, x.dtype());  // tiling-invariant: one call per step
+          detail::gemm_now(x.rows(r0, r0 + h), false, w, trans_w, tiles);
+          pr.before_write(slot, use, s);
+          std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
+          pr.stall();
+          pr.published(slot);
+          signal_all(buf, kReady + slot);
+          // 2. reduce my segment of the step's elements from every rank's slot.
+          pr.wait_ready(slot, use, s);
+          for (int j = 0; j < n_ranks; ++j)
+            pr.before_read(j, slot, use, s);
+          const std::int64_t count = h * n;
+          const std::int64_t off = segment_offset(count, n_ranks, me),
+                             len = segment_length(count, n_ranks, me);
+          std::vector<std::byte> reduced(std::size_t(len) * e);
+          reduce_segment(buf, slot_off, std::size_t(off) * e, len, x.dtype(),
+                         order_for(n_ranks, me, det), reduced.data());
+          pr.maybe_overwrite_early(slot, use, s);
+          // 3. publish it in my slot (peers only read their own segments from it) and gather.
+          std::memcpy(buf.local() + slot_off + std::size_t(off) * e, reduced.data(),
+                      reduced.size());
+          signal_all(buf, kReduced + slot);
+          buf.wait(kReduced + slot, (use + 1) * std::uint32_t(n_ranks),
+                   fmt::format("reduced segments of step {}", s));
+          auto* dst = static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e;
+          for (int j = 0; j < n_ranks; ++j) {
+            const std::int64_t jo = segment_offset(count, n_ranks, j),
+                               jl = segment_length(count, n_ranks, j);
+            std::memcpy(dst + std::size_t(jo) * e, buf.peer(j) + slot_off + std::size_t(jo) * e,
+                        std::size_t(jl) * e);
+          }
+          // 4. the slot may be overwritten by every peer.
+          pr.consumed(slot);
+          signal_all(buf, kFree + slot);
+        }
+        // Do not leave (and free the buffer) while a peer may still read my slots.
+        for (int slot = 0; slot < 2; ++slot) {
+          const std::uint32_t uses =
+              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
+          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
+        }
+        if (bias.defined()) detail::add_bias_now(out, bias);
+      });
 }
 }  // namespace
 
@@ -363,13 +428,14 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
   launch_fused(
       g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
       pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+        const Protocol pr{buf, n_ranks, me, o, "MATMUL_REDUCE_SCATTER"};
         for (std::int64_t s = 0; s < pl.steps; ++s) {
           const int slot = int(s % 2);
           const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
           const std::int64_t r0 = s * pl.step_rows, h = std::min(pl.step_rows, ml - r0);
           const std::size_t slot_off = std::size_t(slot) * slot_bytes;
-          buf.wait(kFree + slot, use * std::uint32_t(n_ranks),
-                   fmt::format("slot {} free for step {}", slot, s));
+          pr.wait_free(slot, use, s);
+          pr.before_write(slot, use, s);
           // Block j of the slot holds this step's rows of rank j's output region.
           for (int j = 0; j < n_ranks; ++j) {
             const std::int64_t xr = j * ml + r0;  // the step's tiles in one tiling-invariant call
@@ -378,12 +444,17 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
             std::memcpy(buf.local() + slot_off + std::size_t(j) * block_bytes, tiles.raw(),
                         tiles.nbytes());
           }
+          pr.stall();
+          pr.published(slot);
           signal_all(buf, kReady + slot);
-          buf.wait(kReady + slot, (use + 1) * std::uint32_t(n_ranks),
-                   fmt::format("tiles of step {} from every rank", s));
+          pr.wait_ready(slot, use, s);
+          for (int j = 0; j < n_ranks; ++j)
+            pr.before_read(j, slot, use, s);
           reduce_segment(buf, slot_off, std::size_t(me) * block_bytes, h * n, x.dtype(),
                          order_for(n_ranks, me, det),
                          static_cast<std::byte*>(out.raw()) + std::size_t(r0 * n) * e);
+          pr.maybe_overwrite_early(slot, use, s);
+          pr.consumed(slot);
           signal_all(buf, kFree + slot);
         }
         for (int slot = 0; slot < 2; ++slot) {

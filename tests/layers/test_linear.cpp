@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 
+#include "cocemu/layers/fused_kernels.h"
 #include "cocemu/layers/linear.h"
 #include "cocemu/runtime/cost_model.h"
 #include "testing.h"
@@ -333,6 +334,65 @@ TEST(Linear, PrintTensorValueShowsEachBlock) {
   const std::string s = print_tensor_value("out", t, 3, 4, 3);
   EXPECT_NE(s.find("[rank 3] out block 1/4: [0, 1, 2]"), std::string::npos) << s;
   EXPECT_NE(s.find("[rank 3] out block 4/4: [12, 13, 14]"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace cocemu::layers
+
+namespace cocemu::layers {
+namespace {
+
+// Checked mode: a correct run raises nothing; a deliberately broken protocol is caught, naming
+// rank, peer, slot and step.
+void run_fused(bool reduce_scatter, const FusedOptions& o, std::uint64_t schedule_seed = 0) {
+  WorldOptions wo;
+  wo.schedule_seed = schedule_seed;
+  cocemu::testing::run_ranks(
+      4,
+      [&](Rank& rank) {
+        Group tp = Group::world(rank);
+        Tensor x = Tensor::zeros({32, 16}, DType::f32), w = Tensor::zeros({8, 16}, DType::f32);
+        Tensor out = Tensor::zeros({reduce_scatter ? 8 : 32, 8}, DType::f32);
+        if (reduce_scatter)
+          matmul_reduce_scatter(tp, x, w, Tensor(), out, o);
+        else
+          matmul_all_reduce(tp, x, w, Tensor(), out, o);
+        rank.synchronize();
+      },
+      wo);
+}
+
+TEST(FusedProtocol, CheckedModeAcceptsTheRealProtocol) {
+  for (bool rs : {false, true})
+    for (std::uint64_t seed : {0, 1, 2, 3, 4})  // several interleavings, 32 steps each
+      run_fused(rs, {.tile_rows = 1, .tiles_per_step = 1, .checked = true}, seed);
+}
+
+TEST(FusedProtocol, ReadBeforeTheFlagIsCaught) {
+  for (bool rs : {false, true})
+    cocemu::testing::expect_error(
+        [&] {
+          run_fused(rs, {.tile_rows = 2,
+                         .checked = true,
+                         .test_hook = {.rank = 0,
+                                       .skip_ready_wait = true,
+                                       .delay_others = std::chrono::milliseconds(40)}});
+        },
+        Errc::internal,
+        {"protocol violation: rank 0 read peer", "slot 0 at step 0", "before its flag was raised"});
+}
+
+TEST(FusedProtocol, OverwriteBeforeConsumptionIsCaught) {
+  for (bool rs : {false, true})
+    cocemu::testing::expect_error(
+        [&] {
+          run_fused(rs, {.tile_rows = 2,
+                         .checked = true,
+                         .test_hook = {.rank = 0,
+                                       .overwrite_early = true,
+                                       .delay_others = std::chrono::milliseconds(40)}});
+        },
+        Errc::internal, {"protocol violation: rank 0 overwrote slot 0 at step 2 before peer"});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 ///
 /// The modeled time of a kernel is its two-stage pipeline: step s's communication overlaps step
 /// s+1's compute; each step's comm is priced with the direct collective plan of its size.
+#include <chrono>
 #include <cstdint>
 
 #include "cocemu/collectives/group.h"
@@ -15,12 +16,26 @@
 
 namespace cocemu::layers {
 
+/// Test-only: breaks the protocol on purpose so tests can show the checked mode catches it.
+struct FusedTestHook {
+  int rank = -1;                 ///< the misbehaving rank (-1: none)
+  bool skip_ready_wait = false;  ///< read peers' slots without waiting for their flags
+  bool overwrite_early = false;  ///< after step 0, write step 2's tiles into slot 0 at once
+  std::chrono::milliseconds delay_others{0};  ///< the other ranks stall this long before
+                                              ///< publishing and before freeing a slot
+};
+
 struct FusedOptions {
   std::int64_t tile_rows = 128;
   int tiles_per_step = 2;
   bool deterministic = true;
   bool weight_transposed = false;
   std::string label;
+  /// Checked mode: every slot write verifies that each peer consumed the slot's previous contents
+  /// and every read verifies that the owner raised its flag for this step; violations are errors
+  /// naming rank, peer, slot and step.
+  bool checked = false;
+  FusedTestHook test_hook;
 };
 
 /// out[m, n] = all_reduce(x[m, k] · wᵀ) (+ bias once). w: [n, k].

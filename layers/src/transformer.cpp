@@ -1,0 +1,273 @@
+#include "cocemu/layers/transformer.h"
+
+#include <cmath>
+#include <random>
+
+#include "cocemu/attention/local_attention.h"
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/error.h"
+#include "kernels.h"
+
+namespace cocemu::layers {
+
+using detail::alloc;
+
+namespace {
+
+constexpr double kEps = 1e-6;
+
+Tensor random(const Shape& s, DType t, std::uint64_t seed, double scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0, scale);
+  std::vector<double> v(std::size_t(s.numel()));
+  for (auto& x : v)
+    x = d(rng);
+  return Tensor::from<double>(s, v, t);
+}
+
+/// Elementwise work on the compute stream, in the acc type of the tensors' dtype.
+template <class Fn>
+void elementwise(Rank& rank, const std::string& name, std::uint64_t bytes, Fn fn) {
+  rank.current_stream().launch(
+      {.name = name, .cls = OpClass::compute, .work_ns = memory_ns(rank.profile(), bytes)},
+      std::move(fn));
+}
+
+// The numerics below run in double and round once per element to the tensor dtype.
+double at(const Tensor& t, std::int64_t i) {
+  return t.item(i);
+}
+void set(const Tensor& t, std::int64_t i, double v) {
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    t.data<T>()[i] = store_as<T>(acc_t<T>(v));
+  });
+}
+
+double gelu(double x) {
+  return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  const double t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
+
+}  // namespace
+
+TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint64_t seed) {
+  const double s = 1.0 / std::sqrt(double(c.hidden));
+  return {layers::random({3 * c.hidden, c.hidden}, c.dtype, seed, s),
+          layers::random({c.hidden, c.hidden}, c.dtype, seed + 1, s),
+          layers::random({c.ffn, c.hidden}, c.dtype, seed + 2, s),
+          layers::random({c.hidden, c.ffn}, c.dtype, seed + 3, 1.0 / std::sqrt(double(c.ffn)))};
+}
+
+struct TransformerLayer::Saved {
+  Tensor x, n1, rms1, q, k, v, attn, lse, h1, n2, rms2, up, act;
+  std::vector<std::int64_t> pos;
+};
+
+TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
+                                   const TransformerWeights& w)
+    : tp_(tp), c_(c) {
+  const int ws = tp.size(), r = tp.rank();
+  COCEMU_CHECK_ARG(c.heads % ws == 0 && c.ffn % ws == 0 && c.hidden % c.heads == 0,
+                   "TransformerLayer: heads {} and ffn {} must be divisible by the TP size {}, and "
+                   "hidden {} by heads",
+                   c.heads, c.ffn, ws, c.hidden, c.heads);
+  COCEMU_CHECK_ARG(!c.sequence_parallel || (c.seq * c.batch) % ws == 0,
+                   "TransformerLayer: seq·batch = {} must be divisible by the TP size {} with SP",
+                   c.seq * c.batch, ws);
+  const std::int64_t h = c.hidden, hl = h / ws, fl = c.ffn / ws;
+  // QKV shard: this rank's heads of q, k and v, stacked.
+  Tensor qkv = Tensor::zeros({3 * hl, h}, c.dtype);
+  for (int part = 0; part < 3; ++part)
+    qkv.rows(part * hl, (part + 1) * hl)
+        .copy_from(w.qkv.rows(part * h + r * hl, part * h + (r + 1) * hl));
+  auto col_block = [](const Tensor& t, std::int64_t c0, std::int64_t width) {
+    Tensor out = Tensor::zeros({t.size(0), width}, t.dtype());
+    for (std::int64_t i = 0; i < t.size(0); ++i)
+      out.rows(i, i + 1).reshape({width}).copy_from(
+          t.rows(i, i + 1).reshape({t.size(1)}).flat(c0, c0 + width));
+    return out;
+  };
+  qkv_ = std::make_unique<ColumnParallelLinear>(tp, qkv, Tensor(), c.sequence_parallel);
+  out_ = std::make_unique<RowParallelLinear>(tp, col_block(w.out, r * hl, hl), Tensor(),
+                                             c.sequence_parallel);
+  up_ = std::make_unique<ColumnParallelLinear>(tp, w.up.rows(r * fl, (r + 1) * fl).clone(),
+                                               Tensor(), c.sequence_parallel);
+  down_ = std::make_unique<RowParallelLinear>(tp, col_block(w.down, r * fl, fl), Tensor(),
+                                              c.sequence_parallel);
+}
+
+namespace {
+
+/// RMSNorm forward: y = x / rms(x) per row; saves rms.
+void rmsnorm(Rank& rank, const Tensor& x, const Tensor& y, const Tensor& rms) {
+  elementwise(rank, "rmsnorm", 2 * x.nbytes(), [=] {
+    const std::int64_t m = x.size(0), h = x.size(1);
+    for (std::int64_t i = 0; i < m; ++i) {
+      double ss = 0;
+      for (std::int64_t j = 0; j < h; ++j)
+        ss += at(x, i * h + j) * at(x, i * h + j);
+      const double r = std::sqrt(ss / double(h) + kEps);
+      rms.data<double>()[i] = r;
+      for (std::int64_t j = 0; j < h; ++j)
+        set(y, i * h + j, at(x, i * h + j) / r);
+    }
+  });
+}
+
+/// RMSNorm backward (no scale): dx = (dy − x̂·mean(dy·x̂)) / rms, added to `accum`.
+void rmsnorm_backward(Rank& rank, const Tensor& x, const Tensor& rms, const Tensor& dy,
+                      const Tensor& accum) {
+  elementwise(rank, "rmsnorm backward", 3 * x.nbytes(), [=] {
+    const std::int64_t m = x.size(0), h = x.size(1);
+    for (std::int64_t i = 0; i < m; ++i) {
+      const double r = rms.data<double>()[i];
+      double dot = 0;
+      for (std::int64_t j = 0; j < h; ++j)
+        dot += at(dy, i * h + j) * at(x, i * h + j) / r;
+      dot /= double(h);
+      for (std::int64_t j = 0; j < h; ++j) {
+        const double xh = at(x, i * h + j) / r;
+        set(accum, i * h + j, at(accum, i * h + j) + (at(dy, i * h + j) - xh * dot) / r);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
+  Rank& rank = tp_.owner();
+  const int ws = tp_.size();
+  const std::int64_t m = c_.seq * c_.batch, ml = c_.sequence_parallel ? m / ws : m;
+  const std::int64_t h = c_.hidden, hl = h / ws, heads_l = c_.heads / ws, d = h / c_.heads,
+                     fl = c_.ffn / ws;
+  COCEMU_CHECK_ARG(x.ndim() == 2 && x.size(0) == ml && x.size(1) == h && x.dtype() == c_.dtype,
+                   "TransformerLayer::forward on rank {}: x {} must be {}[{}, {}]", rank.id(),
+                   x.describe(), name_of(c_.dtype), ml, h);
+  auto s = std::make_shared<Saved>();
+  s->x = x;
+  s->n1 = alloc(rank, {ml, h}, c_.dtype);
+  s->rms1 = alloc(rank, {ml}, DType::f64);
+  rmsnorm(rank, x, s->n1, s->rms1);
+  LinearOptions lo = o;
+  lo.label = "attn.qkv";
+  Tensor qkv = qkv_->forward(s->n1, lo);  // [m, 3·hl]
+  s->q = alloc(rank, {m, hl}, c_.dtype);
+  s->k = alloc(rank, {m, hl}, c_.dtype);
+  s->v = alloc(rank, {m, hl}, c_.dtype);
+  detail::copy_columns(rank, s->q, qkv, 3, 0, false);
+  detail::copy_columns(rank, s->k, qkv, 3, 1, false);
+  detail::copy_columns(rank, s->v, qkv, 3, 2, false);
+  // Core attention over this rank's heads, causal, SBH layout ([S, B, heads·d] = the [m, hl] rows).
+  s->pos.resize(std::size_t(c_.seq));
+  for (std::int64_t i = 0; i < c_.seq; ++i)
+    s->pos[std::size_t(i)] = i;
+  s->attn = alloc(rank, {m, hl}, c_.dtype);
+  s->lse = alloc(rank, {c_.batch, heads_l, c_.seq}, c_.dtype);
+  attn::AttentionArgs a;
+  a.shape = {c_.batch, heads_l, heads_l, c_.seq, c_.seq, d};
+  a.layout = attn::Layout::sbh;
+  a.mask.kind = attn::MaskKind::causal;
+  const double flops = 2.0 * double(c_.batch * heads_l) * double(c_.seq * c_.seq) * double(d);
+  rank.current_stream().launch(
+      {.name = fmt::format("core attention fwd {}x{}", c_.seq, c_.seq),
+       .cls = OpClass::compute,
+       .work_ns = gemm_ns(rank.profile(), c_.seq, c_.seq, d, c_.dtype) * double(c_.batch * heads_l),
+       .flops = std::uint64_t(flops)},
+      [=] {
+        attn::AttentionArgs aa = a;
+        aa.q_pos = aa.k_pos = &s->pos;
+        attn::attention_forward(
+            aa, s->q.reshape({c_.seq, c_.batch, hl}), s->k.reshape({c_.seq, c_.batch, hl}),
+            s->v.reshape({c_.seq, c_.batch, hl}), s->attn.reshape({c_.seq, c_.batch, hl}), s->lse);
+      });
+  lo.label = "attn.out";
+  Tensor proj = out_->forward(s->attn, lo);  // [ml, h]
+  s->h1 = alloc(rank, {ml, h}, c_.dtype);
+  elementwise(rank, "residual", 3 * x.nbytes(), [=, h1 = s->h1] {
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      set(h1, i, at(x, i) + at(proj, i));
+  });
+  s->n2 = alloc(rank, {ml, h}, c_.dtype);
+  s->rms2 = alloc(rank, {ml}, DType::f64);
+  rmsnorm(rank, s->h1, s->n2, s->rms2);
+  lo.label = "mlp.up";
+  s->up = up_->forward(s->n2, lo);  // [m, fl]
+  s->act = alloc(rank, {m, fl}, c_.dtype);
+  elementwise(rank, "gelu", 2 * s->up.nbytes(), [up = s->up, act = s->act] {
+    for (std::int64_t i = 0; i < up.numel(); ++i)
+      set(act, i, gelu(at(up, i)));
+  });
+  lo.label = "mlp.down";
+  Tensor mlp = down_->forward(s->act, lo);
+  Tensor y = alloc(rank, {ml, h}, c_.dtype);
+  elementwise(rank, "residual", 3 * x.nbytes(), [=, h1 = s->h1] {
+    for (std::int64_t i = 0; i < y.numel(); ++i)
+      set(y, i, at(h1, i) + at(mlp, i));
+  });
+  saved_ = s;
+  return y;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
+  Rank& rank = tp_.owner();
+  COCEMU_CHECK_ARG(saved_, "TransformerLayer::backward on rank {} before forward", rank.id());
+  const auto s = saved_;
+  const int ws = tp_.size();
+  const std::int64_t m = c_.seq * c_.batch, hl = c_.hidden / ws, heads_l = c_.heads / ws,
+                     d = c_.hidden / c_.heads;
+  LinearOptions lo = o;
+  // MLP: dy -> d(act) -> d(up) -> d(n2) -> d(h1) (+ residual).
+  lo.label = "mlp.down";
+  Tensor dact = down_->backward(dy, lo);
+  Tensor dup = alloc(rank, s->up.shape(), c_.dtype);
+  elementwise(rank, "gelu backward", 3 * dup.nbytes(), [=, up = s->up] {
+    for (std::int64_t i = 0; i < up.numel(); ++i)
+      set(dup, i, at(dact, i) * gelu_grad(at(up, i)));
+  });
+  lo.label = "mlp.up";
+  Tensor dn2 = up_->backward(dup, lo);
+  Tensor dh1 = alloc(rank, dy.shape(), c_.dtype);
+  elementwise(rank, "residual grad", 2 * dy.nbytes(), [=] { dh1.copy_from(dy); });
+  rmsnorm_backward(rank, s->h1, s->rms2, dn2, dh1);
+  // Attention: dh1 -> d(attn) -> dq, dk, dv -> d(qkv) -> d(n1) -> dx (+ residual).
+  lo.label = "attn.out";
+  Tensor dattn = out_->backward(dh1, lo);
+  Tensor dq = alloc(rank, {m, hl}, c_.dtype), dk = alloc(rank, {m, hl}, c_.dtype),
+         dv = alloc(rank, {m, hl}, c_.dtype);
+  attn::AttentionArgs a;
+  a.shape = {c_.batch, heads_l, heads_l, c_.seq, c_.seq, d};
+  a.layout = attn::Layout::sbh;
+  a.mask.kind = attn::MaskKind::causal;
+  rank.current_stream().launch(
+      {.name = fmt::format("core attention bwd {}x{}", c_.seq, c_.seq),
+       .cls = OpClass::compute,
+       .work_ns =
+           2.5 * gemm_ns(rank.profile(), c_.seq, c_.seq, d, c_.dtype) * double(c_.batch * heads_l)},
+      [=] {
+        attn::AttentionArgs aa = a;
+        aa.q_pos = aa.k_pos = &s->pos;
+        const Shape sbh{c_.seq, c_.batch, hl};
+        const Tensor delta = attn::attention_delta(aa, s->attn.reshape(sbh), dattn.reshape(sbh));
+        attn::attention_backward(aa, s->q.reshape(sbh), s->k.reshape(sbh), s->v.reshape(sbh),
+                                 dattn.reshape(sbh), s->lse, delta, dq.reshape(sbh),
+                                 dk.reshape(sbh), dv.reshape(sbh));
+      });
+  Tensor dqkv = alloc(rank, {m, 3 * hl}, c_.dtype);
+  detail::copy_columns(rank, dq, dqkv, 3, 0, true);
+  detail::copy_columns(rank, dk, dqkv, 3, 1, true);
+  detail::copy_columns(rank, dv, dqkv, 3, 2, true);
+  lo.label = "attn.qkv";
+  Tensor dn1 = qkv_->backward(dqkv, lo);
+  Tensor dx = alloc(rank, dh1.shape(), c_.dtype);
+  elementwise(rank, "residual grad", 2 * dh1.nbytes(), [=] { dx.copy_from(dh1); });
+  rmsnorm_backward(rank, s->x, s->rms1, dn1, dx);
+  return dx;
+}
+
+}  // namespace cocemu::layers

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "cocemu/collectives/ops.h"
@@ -272,6 +273,62 @@ struct CpAttention::Impl {
     return batch_isend_irecv(self.ring_, {{P2POp::send, out, to, 0}, {P2POp::recv, in, from, 0}});
   }
 
+  // Ring coordinates of this rank: windows of w members; nw windows.
+  int R() const { return self.ring_size_; }
+  int w() const { return self.window_; }
+  int nw() const { return R() / w(); }
+  int me() const { return self.ring_.rank(); }
+  /// The ring member at inner position `at` of window `win` (both taken modulo).
+  int member(int win, int at) const { return mod(win, nw()) * w() + mod(at, w()); }
+
+  /// Walks the (double) ring, calling visit(src, step, i, kv) for every KV block in visiting
+  /// order: an outer transfer per window (to the same position in the next window) and inner
+  /// transfers within a window. With overlap, each transfer is posted before the compute it hides
+  /// behind; without, after it.
+  void walk_ring(const Tensor& own_kv,
+                 const std::function<void(int src, int step, int i, const Tensor& kv)>& visit) {
+    const int W = me() / w(), pos = me() % w();
+    const bool overlap = self.config_.use_cp_send_recv_overlap;
+    const std::uint64_t kv_bytes = own_kv.nbytes();
+    Tensor blk = own_kv;
+    int step = 0;
+    for (int o = 0; o < nw(); ++o) {
+      Tensor round_start = blk, next_round;
+      Work outer;
+      const bool has_outer = o + 1 < nw();
+      auto post_outer = [&] {
+        next_round = alloc(rank, own_kv.shape(), p.dtype);
+        outer =
+            exchange(round_start, member(W + 1, pos), next_round, member(W - 1, pos), "kv outer");
+        self.transfers_.push_back({w() > 1 ? "kv outer" : "kv ring", o, kv_bytes, 1});
+      };
+      if (has_outer && overlap) post_outer();
+      Tensor cur = round_start;
+      for (int i = 0; i < w(); ++i, ++step) {
+        Tensor nxt;
+        Work inner;
+        const bool has_inner = i + 1 < w();
+        auto post_inner = [&] {
+          nxt = alloc(rank, own_kv.shape(), p.dtype);
+          inner = exchange(cur, member(W, pos + 1), nxt, member(W, pos - 1), "kv inner");
+          self.transfers_.push_back({"kv inner", step, kv_bytes, 1});
+        };
+        if (has_inner && overlap) post_inner();
+        visit(member(W - o, pos - i), step, i, cur);
+        if (has_inner && !overlap) post_inner();
+        if (has_inner) {
+          inner.wait();
+          cur = nxt;
+        }
+      }
+      if (has_outer && !overlap) post_outer();
+      if (has_outer) {
+        outer.wait();
+        blk = next_round;
+      }
+    }
+  }
+
   std::int64_t kv_elems() const {
     return B * self.kv_heads_local_ * std::int64_t(self.ring_pos_[0].size()) * D;
   }
@@ -391,72 +448,32 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
       });
     });
   }
-  // 3. (Double) ring over the ring group.
-  const int R = ring_size_, w = window_, nw = R / w, W = me / w, pos = me % w;
-  auto member = [&](int win, int at) { return mod(win, nw) * w + mod(at, w); };
-  const bool overlap = config_.use_cp_send_recv_overlap;
-  const std::uint64_t kv_bytes = kv.nbytes();
-  Tensor blk = kv;
-  int step = 0;
-  for (int o = 0; o < nw; ++o) {
-    Tensor round_start = blk, next_round;
-    Work outer;
-    const bool has_outer = o + 1 < nw;
-    auto post_outer = [&] {
-      next_round = alloc(rank, {2 * im.kv_elems()}, p.dtype);
-      outer =
-          im.exchange(round_start, member(W + 1, pos), next_round, member(W - 1, pos), "kv outer");
-      transfers_.push_back({w > 1 ? "kv outer" : "kv ring", o, kv_bytes, 1});
-    };
-    if (has_outer && overlap) post_outer();
-    Tensor cur = round_start;
-    for (int i = 0; i < w; ++i, ++step) {
-      const int src = member(W - o, pos - i);
-      Tensor nxt;
-      Work inner;
-      const bool has_inner = i + 1 < w;
-      auto post_inner = [&] {
-        nxt = alloc(rank, {2 * im.kv_elems()}, p.dtype);
-        inner = im.exchange(cur, member(W, pos + 1), nxt, member(W, pos - 1), "kv inner");
-        transfers_.push_back({"kv inner", step, kv_bytes, 1});
-      };
-      if (has_inner && overlap) post_inner();
-      const auto a = im.args(hq, hk, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)]);
-      const std::int64_t pairs = visible_pairs(a);
-      if (pairs > 0) {
-        const double flops = 4.0 * double(pairs) * double(p.head_dim);
-        Tensor qk = q_, out = out_, lse = lse_, c = cur;
-        const AttentionArgs args_copy = a;
-        auto qpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(me)]);
-        auto kpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(src)]);
-        rank.compute_stream().launch(
-            {.name =
-                 fmt::format("attn fwd[{}/{}] {}x{}", step + 1, R, a.shape.q_len, a.shape.kv_len),
-             .cls = OpClass::compute,
-             .work_ns = im.attention_ns(a, flops),
-             .flops = std::uint64_t(flops)},
-            [=, n = im.kv_elems(), shape = im.kv_shape()] {
-              AttentionArgs aa = args_copy;
-              aa.q_pos = qpos.get();
-              aa.k_pos = kpos.get();
-              Tensor ob = Tensor::zeros(out.shape(), out.dtype()),
-                     lb = Tensor::zeros(lse.shape(), lse.dtype());
-              attention_forward(aa, qk, kv_part(c, 0, n, shape), kv_part(c, 1, n, shape), ob, lb);
-              merge_partial(aa, out, lse, ob, lb);
-            });
-      }
-      if (has_inner && !overlap) post_inner();
-      if (has_inner) {
-        inner.wait();
-        cur = nxt;
-      }
-    }
-    if (has_outer && !overlap) post_outer();
-    if (has_outer) {
-      outer.wait();
-      blk = next_round;
-    }
-  }
+  // 3. (Double) ring over the ring group: partial attention per KV block, merged by LSE.
+  const int R = ring_size_;
+  im.walk_ring(kv, [&](int src, int step, int, const Tensor& cur) {
+    const auto a = im.args(hq, hk, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)]);
+    const std::int64_t pairs = visible_pairs(a);
+    if (pairs == 0) return;  // fully masked block: skipped
+    const double flops = 4.0 * double(pairs) * double(p.head_dim);
+    Tensor qk = q_, out = out_, lse = lse_, c = cur;
+    const AttentionArgs args_copy = a;
+    auto qpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(me)]);
+    auto kpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(src)]);
+    rank.compute_stream().launch(
+        {.name = fmt::format("attn fwd[{}/{}] {}x{}", step + 1, R, a.shape.q_len, a.shape.kv_len),
+         .cls = OpClass::compute,
+         .work_ns = im.attention_ns(a, flops),
+         .flops = std::uint64_t(flops)},
+        [=, n = im.kv_elems(), shape = im.kv_shape()] {
+          AttentionArgs aa = args_copy;
+          aa.q_pos = qpos.get();
+          aa.k_pos = kpos.get();
+          Tensor ob = Tensor::zeros(out.shape(), out.dtype()),
+                 lb = Tensor::zeros(lse.shape(), lse.dtype());
+          attention_forward(aa, qk, kv_part(c, 0, n, shape), kv_part(c, 1, n, shape), ob, lb);
+          merge_partial(aa, out, lse, ob, lb);
+        });
+  });
   // 4. Back to storage layout and sequence shards.
   auto to_storage = [&](const Tensor& x, std::int64_t heads) {
     if (layout == Layout::sbh) return x;
@@ -543,80 +560,40 @@ CpAttention::Grads CpAttention::backward(const Tensor& dout) {
       kv_part(kv, 1, n, shape).copy_from(vv);
     });
   }
-  const int R = ring_size_, w = window_, nw = R / w, W = me / w, pos = me % w;
-  auto member = [&](int win, int at) { return mod(win, nw) * w + mod(at, w); };
-  const bool overlap = config_.use_cp_send_recv_overlap;
-  const std::uint64_t kv_bytes = kv.nbytes();
+  const int R = ring_size_, w = window_, W = me / w, pos = me % w;
   Tensor acc = alloc(rank, {2 * im.kv_elems()}, p.dtype);  // dK, dV of the block in hand
-  Tensor blk = kv;
-  int step = 0;
-  for (int o = 0; o < nw; ++o) {
-    Tensor round_start = blk, next_round;
-    Work outer;
-    const bool has_outer = o + 1 < nw;
-    auto post_outer = [&] {
-      next_round = alloc(rank, {2 * im.kv_elems()}, p.dtype);
-      outer =
-          im.exchange(round_start, member(W + 1, pos), next_round, member(W - 1, pos), "kv outer");
-      transfers_.push_back({w > 1 ? "kv outer" : "kv ring", o, kv_bytes, 1});
-    };
-    if (has_outer && overlap) post_outer();
-    Tensor cur = round_start;
-    for (int i = 0; i < w; ++i, ++step) {
-      const int src = member(W - o, pos - i);
-      Tensor nxt;
-      Work inner;
-      const bool has_inner = i + 1 < w;
-      auto post_inner = [&] {
-        nxt = alloc(rank, {2 * im.kv_elems()}, p.dtype);
-        inner = im.exchange(cur, member(W, pos + 1), nxt, member(W, pos - 1), "kv inner");
-        transfers_.push_back({"kv inner", step, kv_bytes, 1});
-      };
-      if (has_inner && overlap) post_inner();
-      const auto a = im.args(hq, hk, mypos, ring_pos_[std::size_t(src)]);
-      const std::int64_t pairs = visible_pairs(a);
-      if (pairs > 0) {
-        const double flops = 10.0 * double(pairs) * double(p.head_dim);
-        Tensor qk = q_, lse = lse_, c = cur, ac = acc;
-        const AttentionArgs args_copy = a;
-        auto qpos = std::make_shared<std::vector<std::int64_t>>(mypos);
-        auto kpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(src)]);
-        rank.compute_stream().launch(
-            {.name =
-                 fmt::format("attn bwd[{}/{}] {}x{}", step + 1, R, a.shape.q_len, a.shape.kv_len),
-             .cls = OpClass::compute,
-             .work_ns = im.attention_ns(a, flops),
-             .flops = std::uint64_t(flops)},
-            [=, n = im.kv_elems(), shape = im.kv_shape()] {
-              AttentionArgs aa = args_copy;
-              aa.q_pos = qpos.get();
-              aa.k_pos = kpos.get();
-              attention_backward(aa, qk, kv_part(c, 0, n, shape), kv_part(c, 1, n, shape), dok, lse,
-                                 delta, dq, kv_part(ac, 0, n, shape), kv_part(ac, 1, n, shape));
-            });
-      }
-      // dK/dV of this block move on: to the inner neighbour, or diagonally to the next window at
-      // the end of a round (where that block starts the next round), finally to the owner.
-      const int to = i + 1 < w ? member(W, pos + 1) : member(W + 1, pos + 1);
-      const int from = i + 1 < w ? member(W, pos - 1) : member(W - 1, pos - 1);
-      if (R > 1) {
-        Tensor next_acc = alloc(rank, {2 * im.kv_elems()}, p.dtype);
-        im.exchange(acc, to, next_acc, from, "dkv").wait();
-        transfers_.push_back({"dkv", step, acc.nbytes(), 1});
-        acc = next_acc;
-      }
-      if (has_inner && !overlap) post_inner();
-      if (has_inner) {
-        inner.wait();
-        cur = nxt;
-      }
+  im.walk_ring(kv, [&](int src, int step, int i, const Tensor& cur) {
+    const auto a = im.args(hq, hk, mypos, ring_pos_[std::size_t(src)]);
+    const std::int64_t pairs = visible_pairs(a);
+    if (pairs > 0) {
+      const double flops = 10.0 * double(pairs) * double(p.head_dim);
+      Tensor qk = q_, lse = lse_, c = cur, ac = acc;
+      const AttentionArgs args_copy = a;
+      auto qpos = std::make_shared<std::vector<std::int64_t>>(mypos);
+      auto kpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(src)]);
+      rank.compute_stream().launch(
+          {.name = fmt::format("attn bwd[{}/{}] {}x{}", step + 1, R, a.shape.q_len, a.shape.kv_len),
+           .cls = OpClass::compute,
+           .work_ns = im.attention_ns(a, flops),
+           .flops = std::uint64_t(flops)},
+          [=, n = im.kv_elems(), shape = im.kv_shape()] {
+            AttentionArgs aa = args_copy;
+            aa.q_pos = qpos.get();
+            aa.k_pos = kpos.get();
+            attention_backward(aa, qk, kv_part(c, 0, n, shape), kv_part(c, 1, n, shape), dok, lse,
+                               delta, dq, kv_part(ac, 0, n, shape), kv_part(ac, 1, n, shape));
+          });
     }
-    if (has_outer && !overlap) post_outer();
-    if (has_outer) {
-      outer.wait();
-      blk = next_round;
-    }
-  }
+    // dK/dV of this block move on: to the inner neighbour, or diagonally to the next window at
+    // the end of a round (where that block starts the next round), finally to the owner.
+    if (R == 1) return;
+    const int to = i + 1 < w ? im.member(W, pos + 1) : im.member(W + 1, pos + 1);
+    const int from = i + 1 < w ? im.member(W, pos - 1) : im.member(W - 1, pos - 1);
+    Tensor next_acc = alloc(rank, {2 * im.kv_elems()}, p.dtype);
+    im.exchange(acc, to, next_acc, from, "dkv").wait();
+    transfers_.push_back({"dkv", step, acc.nbytes(), 1});
+    acc = next_acc;
+  });
   // acc now holds this rank's own block's dK, dV.
   auto to_storage = [&](const Tensor& x, std::int64_t heads) {
     if (layout == Layout::sbh) return x;

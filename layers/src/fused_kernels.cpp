@@ -170,6 +170,16 @@ std::vector<int> order_for(int n, int owner, bool deterministic) {
   return v;
 }
 
+/// Waits until every peer has freed both slots for all of this call's steps, so no peer still
+/// reads this rank's slots when the kernel returns (and the next call may reuse them).
+void drain(const SymmetricBuffer& buf, const std::array<std::uint32_t, 2>& base, std::int64_t steps,
+           int n_ranks) {
+  for (int slot = 0; slot < 2; ++slot) {
+    const std::uint32_t uses = base[std::size_t(slot)] + std::uint32_t((steps - slot + 1) / 2);
+    buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
+  }
+}
+
 void signal_all(const SymmetricBuffer& buf, int flag) {
   for (int j = 0; j < buf.team_size(); ++j)
     buf.signal(j, flag);
@@ -298,11 +308,7 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
           signal_all(buf, kFree + slot);
         }
         // Do not leave (and free the buffer) while a peer may still read my slots.
-        for (int slot = 0; slot < 2; ++slot) {
-          const std::uint32_t uses =
-              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
-          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
-        }
+        drain(buf, base, pl.steps, n_ranks);
         if (bias.defined()) detail::add_bias_now(out, bias);
       });
 }
@@ -457,11 +463,7 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
           pr.consumed(slot);
           signal_all(buf, kFree + slot);
         }
-        for (int slot = 0; slot < 2; ++slot) {
-          const std::uint32_t uses =
-              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
-          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
-        }
+        drain(buf, base, pl.steps, n_ranks);
         if (bias.defined()) detail::add_bias_now(out, bias);
       });
 }
@@ -519,11 +521,7 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
             detail::gemm_now(xf.rows(xr, xr + h), false, w, trans_w, out.rows(xr, xr + h));
           }
         }
-        for (int slot = 0; slot < 2; ++slot) {
-          const std::uint32_t uses =
-              base[std::size_t(slot)] + std::uint32_t((pl.steps - slot + 1) / 2);
-          buf.wait(kFree + slot, uses * std::uint32_t(n_ranks), "peers to finish the last steps");
-        }
+        drain(buf, base, pl.steps, n_ranks);
         if (bias.defined()) detail::add_bias_now(out, bias);
       });
 }

@@ -329,6 +329,16 @@ struct CpAttention::Impl {
     }
   }
 
+  /// Kernel layout -> SBH storage ([B, heads, S, D] -> [S, B, heads·D]; a no-op for SBH).
+  Tensor to_storage(const Tensor& x, std::int64_t heads) {
+    if (layout == Layout::sbh) return x;
+    Tensor y = alloc(rank, {x.size(2), p.batch, heads * p.head_dim}, p.dtype);
+    const std::int64_t d = p.head_dim;
+    on_compute(rank, "to SBH", 2 * x.nbytes(),
+               [=] { y.copy_from(convert_layout(x, Layout::bnsd, Layout::sbh, heads, d)); });
+    return y;
+  }
+
   std::int64_t kv_elems() const {
     return B * self.kv_heads_local_ * std::int64_t(self.ring_pos_[0].size()) * D;
   }
@@ -475,16 +485,8 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
         });
   });
   // 4. Back to storage layout and sequence shards.
-  auto to_storage = [&](const Tensor& x, std::int64_t heads) {
-    if (layout == Layout::sbh) return x;
-    Tensor y = alloc(rank, {x.size(2), p.batch, heads * p.head_dim}, p.dtype);
-    on_compute(rank, "to SBH", 2 * x.nbytes(), [=] {
-      y.copy_from(convert_layout(x, Layout::bnsd, Layout::sbh, heads, p.head_dim));
-    });
-    return y;
-  };
   Outputs result;
-  Tensor out_s = to_storage(out_, hq);
+  Tensor out_s = im.to_storage(out_, hq);
   // LSE [B, hq, Sp] -> [Sp, B, hq] so it can travel like a tensor with head_dim 1.
   Tensor lse_s = alloc(rank, {Sp, p.batch, hq}, p.dtype);
   {
@@ -595,16 +597,9 @@ CpAttention::Grads CpAttention::backward(const Tensor& dout) {
     acc = next_acc;
   });
   // acc now holds this rank's own block's dK, dV.
-  auto to_storage = [&](const Tensor& x, std::int64_t heads) {
-    if (layout == Layout::sbh) return x;
-    Tensor y = alloc(rank, {x.size(2), p.batch, heads * p.head_dim}, p.dtype);
-    on_compute(rank, "to SBH", 2 * x.nbytes(), [=] {
-      y.copy_from(convert_layout(x, Layout::bnsd, Layout::sbh, heads, p.head_dim));
-    });
-    return y;
-  };
   Tensor dk_k = im.part(acc, 0), dv_k = im.part(acc, 1);
-  Tensor dq_s = to_storage(dq, hq), dk_s = to_storage(dk_k, hk), dv_s = to_storage(dv_k, hk);
+  Tensor dq_s = im.to_storage(dq, hq), dk_s = im.to_storage(dk_k, hk),
+         dv_s = im.to_storage(dv_k, hk);
   const std::int64_t kvh = kv_repeated_ ? p.heads : p.kv_heads;
   if (u_ > 1) {
     dq_s = im.head_to_seq(dq_s, p.heads, p.head_dim, "dq");

@@ -324,6 +324,33 @@ void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor&
       g, x, [w] { return w; }, true, w.size(0), bias, out, o, "MATMUL_ALL_REDUCE", 0);
 }
 
+namespace {
+/// Scales (and offsets) per granularity: 1, n, or ceil(k/g)·n (the last group may be ragged).
+std::int64_t scale_count(const W8A16Weight& q, std::int64_t k, std::int64_t n) {
+  switch (q.granularity) {
+    case QuantGranularity::per_tensor:
+      return 1;
+    case QuantGranularity::per_channel:
+      return n;
+    case QuantGranularity::per_group:
+      return (k + q.group_size - 1) / q.group_size * n;
+  }
+  return 1;
+}
+/// The scale/offset element of weight element (i, j).
+std::int64_t scale_index(const W8A16Weight& q, std::int64_t i, std::int64_t j, std::int64_t n) {
+  switch (q.granularity) {
+    case QuantGranularity::per_tensor:
+      return 0;
+    case QuantGranularity::per_channel:
+      return j;
+    case QuantGranularity::per_group:
+      return (i / q.group_size) * n + j;
+  }
+  return 0;
+}
+}  // namespace
+
 Tensor dequantize(const W8A16Weight& q, DType to) {
   const std::int64_t k = q.weight.size(0), n = q.weight.size(1);
   Tensor out = Tensor::zeros({k, n}, to);
@@ -339,18 +366,7 @@ Tensor dequantize(const W8A16Weight& q, DType to) {
       T* o = out.data<T>();
       for (std::int64_t i = 0; i < k; ++i)
         for (std::int64_t j = 0; j < n; ++j) {
-          std::int64_t idx = 0;  // scale/offset element for (i, j)
-          switch (q.granularity) {
-            case QuantGranularity::per_tensor:
-              idx = 0;
-              break;
-            case QuantGranularity::per_channel:
-              idx = j;
-              break;
-            case QuantGranularity::per_group:
-              idx = (i / q.group_size) * n + j;
-              break;
-          }
+          const std::int64_t idx = scale_index(q, i, j, n);
           const float v = (float(w[i * n + j]) + (of ? of[idx] : 0.0f)) * sc[idx];
           o[i * n + j] = store_as<T>(acc_t<T>(v));
         }
@@ -370,21 +386,9 @@ void w8a16_matmul_all_reduce(Group& g, const Tensor& x, const W8A16Weight& q, co
       "w8A16 MATMUL_ALL_REDUCE on rank {}: weight {} must be i8 [k = {}, n]", rank.id(),
       q.weight.describe(), x.size(1));
   const std::int64_t k = q.weight.size(0), n = q.weight.size(1);
-  std::int64_t groups = 1, expect = 1;
-  switch (q.granularity) {
-    case QuantGranularity::per_tensor:
-      expect = 1;
-      break;
-    case QuantGranularity::per_channel:
-      expect = n;
-      break;
-    case QuantGranularity::per_group:
-      COCEMU_CHECK_ARG(q.group_size >= 1, "w8A16 per-group: group_size = {} must be >= 1",
-                       q.group_size);
-      groups = (k + q.group_size - 1) / q.group_size;  // ceil(k/g): the last group may be ragged
-      expect = groups * n;
-      break;
-  }
+  COCEMU_CHECK_ARG(q.granularity != QuantGranularity::per_group || q.group_size >= 1,
+                   "w8A16 per-group: group_size = {} must be >= 1", q.group_size);
+  const std::int64_t expect = scale_count(q, k, n);
   COCEMU_CHECK_ARG(
       q.scale.dtype() == DType::f32 && q.scale.numel() == expect,
       "w8A16 on rank {}: scale {} must hold {} f32 values ({} for k = {}, n = {}{})", rank.id(),

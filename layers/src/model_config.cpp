@@ -1,0 +1,57 @@
+#include "cocemu/layers/model_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "cocemu/runtime/detail/yaml_reader.h"
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/profile.h"
+
+namespace cocemu::layers {
+
+ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
+  auto top = detail::YamlReader::parse(text, origin);
+  ModelConfig m;
+  m.source = origin;
+  m.name = top.string("name");
+  m.hidden_size = top.integer("hidden_size", 1, 1 << 20);
+  m.num_attention_heads = top.integer("num_attention_heads", 1, 1 << 14);
+  m.num_query_groups = top.integer("num_query_groups", 1, 1 << 14);
+  m.ffn_hidden_size = top.integer("ffn_hidden_size", 1, 1 << 22);
+  m.num_layers = top.integer("num_layers", 1, 1 << 12);
+  m.seq_length = top.integer("seq_length", 1, 1 << 24);
+  m.micro_batch_size = top.integer("micro_batch_size", 1, 1 << 16);
+  m.tensor_model_parallel_size = int(top.integer("tensor_model_parallel_size", 1, 64));
+  m.sequence_parallel = top.boolean("sequence_parallel");
+  top.finish();
+  const int tp = m.tensor_model_parallel_size;
+  COCEMU_CHECK(m.hidden_size % m.num_attention_heads == 0, Errc::parse_error,
+               "{}: hidden_size {} must be divisible by num_attention_heads {}", top.where(),
+               m.hidden_size, m.num_attention_heads);
+  COCEMU_CHECK(m.num_attention_heads % m.num_query_groups == 0, Errc::parse_error,
+               "{}: num_attention_heads {} must be divisible by num_query_groups {}", top.where(),
+               m.num_attention_heads, m.num_query_groups);
+  COCEMU_CHECK(m.num_attention_heads % tp == 0 && m.ffn_hidden_size % tp == 0, Errc::parse_error,
+               "{}: num_attention_heads {} and ffn_hidden_size {} must be divisible by "
+               "tensor_model_parallel_size {}",
+               top.where(), m.num_attention_heads, m.ffn_hidden_size, tp);
+  COCEMU_CHECK(!m.sequence_parallel || (m.seq_length * m.micro_batch_size) % tp == 0,
+               Errc::parse_error,
+               "{}: with sequence_parallel, seq_length × micro_batch_size = {} must be divisible "
+               "by tensor_model_parallel_size {}",
+               top.where(), m.seq_length * m.micro_batch_size, tp);
+  return m;
+}
+
+ModelConfig load_model_config(const std::string& name) {
+  const bool is_path = name.find('/') != std::string::npos ||
+                       (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0);
+  const std::string path = is_path ? name : config_dir() + "/models/" + name + ".yaml";
+  std::ifstream in(path);
+  COCEMU_CHECK_ARG(in.good(), "cannot open model config '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path);
+}
+
+}  // namespace cocemu::layers

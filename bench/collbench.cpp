@@ -106,12 +106,12 @@ Buffers make_buffers(const Case& c, Group& g, DType dtype) {
   return b;
 }
 
-void fill_input(const Tensor& t, int rank, std::int64_t offset = 0) {
+void fill_input(const Tensor& t, int rank) {
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* p = t.data<T>();
     for (std::int64_t i = 0; i < t.numel(); ++i)
-      p[i] = store_as<T>(input_value(rank, offset + i));
+      p[i] = store_as<T>(input_value(rank, i));
   });
 }
 
@@ -238,7 +238,7 @@ void add_collbench(CLI::App& app) {
         std::int64_t wrong = 0;
         if (o->check) {
           b.out.fill_zero();
-          fill_input(b.in, rank.id(), c.in_place && c.op == CollOp::all_gather ? 0 : 0);
+          fill_input(b.in, rank.id());
           issue(c, world, b, co).synchronize();
           wrong = count_wrong(c, world, b);
         }

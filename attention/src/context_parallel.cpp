@@ -339,6 +339,27 @@ struct CpAttention::Impl {
     return y;
   }
 
+  /// Launches the attention work on one KV block (a packed K|V message) on the compute stream,
+  /// priced by its visible pairs; `fn(args, k, v)` runs with the positions bound.
+  template <class Fn>
+  void launch_block(const char* pass, int step, const AttentionArgs& a, double flops,
+                    const std::vector<std::int64_t>& q_pos, const std::vector<std::int64_t>& k_pos,
+                    const Tensor& kv, Fn fn) {
+    auto qp = std::make_shared<std::vector<std::int64_t>>(q_pos);
+    auto kp = std::make_shared<std::vector<std::int64_t>>(k_pos);
+    rank.compute_stream().launch({.name = fmt::format("attn {}[{}/{}] {}x{}", pass, step + 1, R(),
+                                                      a.shape.q_len, a.shape.kv_len),
+                                  .cls = OpClass::compute,
+                                  .work_ns = attention_ns(a, flops),
+                                  .flops = std::uint64_t(flops)},
+                                 [=, n = kv_elems(), shape = kv_shape()] {
+                                   AttentionArgs aa = a;
+                                   aa.q_pos = qp.get();
+                                   aa.k_pos = kp.get();
+                                   fn(aa, kv_part(kv, 0, n, shape), kv_part(kv, 1, n, shape));
+                                 });
+  }
+
   std::int64_t kv_elems() const {
     return B * self.kv_heads_local_ * std::int64_t(self.ring_pos_[0].size()) * D;
   }
@@ -459,30 +480,19 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
     });
   }
   // 3. (Double) ring over the ring group: partial attention per KV block, merged by LSE.
-  const int R = ring_size_;
   im.walk_ring(kv, [&](int src, int step, int, const Tensor& cur) {
     const auto a = im.args(hq, hk, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)]);
     const std::int64_t pairs = visible_pairs(a);
     if (pairs == 0) return;  // fully masked block: skipped
-    const double flops = 4.0 * double(pairs) * double(p.head_dim);
-    Tensor qk = q_, out = out_, lse = lse_, c = cur;
-    const AttentionArgs args_copy = a;
-    auto qpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(me)]);
-    auto kpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(src)]);
-    rank.compute_stream().launch(
-        {.name = fmt::format("attn fwd[{}/{}] {}x{}", step + 1, R, a.shape.q_len, a.shape.kv_len),
-         .cls = OpClass::compute,
-         .work_ns = im.attention_ns(a, flops),
-         .flops = std::uint64_t(flops)},
-        [=, n = im.kv_elems(), shape = im.kv_shape()] {
-          AttentionArgs aa = args_copy;
-          aa.q_pos = qpos.get();
-          aa.k_pos = kpos.get();
-          Tensor ob = Tensor::zeros(out.shape(), out.dtype()),
-                 lb = Tensor::zeros(lse.shape(), lse.dtype());
-          attention_forward(aa, qk, kv_part(c, 0, n, shape), kv_part(c, 1, n, shape), ob, lb);
-          merge_partial(aa, out, lse, ob, lb);
-        });
+    Tensor out = out_, lse = lse_;
+    im.launch_block("fwd", step, a, 4.0 * double(pairs) * double(p.head_dim),
+                    ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)], cur,
+                    [q = q_, out, lse](const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
+                      Tensor ob = Tensor::zeros(out.shape(), out.dtype()),
+                             lb = Tensor::zeros(lse.shape(), lse.dtype());
+                      attention_forward(aa, q, k, v, ob, lb);
+                      merge_partial(aa, out, lse, ob, lb);
+                    });
   });
   // 4. Back to storage layout and sequence shards.
   Outputs result;
@@ -568,23 +578,13 @@ CpAttention::Grads CpAttention::backward(const Tensor& dout) {
     const auto a = im.args(hq, hk, mypos, ring_pos_[std::size_t(src)]);
     const std::int64_t pairs = visible_pairs(a);
     if (pairs > 0) {
-      const double flops = 10.0 * double(pairs) * double(p.head_dim);
-      Tensor qk = q_, lse = lse_, c = cur, ac = acc;
-      const AttentionArgs args_copy = a;
-      auto qpos = std::make_shared<std::vector<std::int64_t>>(mypos);
-      auto kpos = std::make_shared<std::vector<std::int64_t>>(ring_pos_[std::size_t(src)]);
-      rank.compute_stream().launch(
-          {.name = fmt::format("attn bwd[{}/{}] {}x{}", step + 1, R, a.shape.q_len, a.shape.kv_len),
-           .cls = OpClass::compute,
-           .work_ns = im.attention_ns(a, flops),
-           .flops = std::uint64_t(flops)},
-          [=, n = im.kv_elems(), shape = im.kv_shape()] {
-            AttentionArgs aa = args_copy;
-            aa.q_pos = qpos.get();
-            aa.k_pos = kpos.get();
-            attention_backward(aa, qk, kv_part(c, 0, n, shape), kv_part(c, 1, n, shape), dok, lse,
-                               delta, dq, kv_part(ac, 0, n, shape), kv_part(ac, 1, n, shape));
-          });
+      const Tensor dk_acc = im.part(acc, 0), dv_acc = im.part(acc, 1);
+      im.launch_block("bwd", step, a, 10.0 * double(pairs) * double(p.head_dim), mypos,
+                      ring_pos_[std::size_t(src)], cur,
+                      [q = q_, lse = lse_, dok, delta, dq, dk_acc, dv_acc](
+                          const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
+                        attention_backward(aa, q, k, v, dok, lse, delta, dq, dk_acc, dv_acc);
+                      });
     }
     // dK/dV of this block move on: to the inner neighbour, or diagonally to the next window at
     // the end of a round (where that block starts the next round), finally to the owner.

@@ -133,6 +133,20 @@ double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t
   return price_plan(build_plan(r), rank.profile(), t).total_ns;
 }
 
+/// Prices a kernel's steps: `per_step(h)` gives, for a step of h rows, its GEMM time and the
+/// element count its direct collective `op` moves per rank.
+template <class PerStep>
+PipelineCost price_steps(const Rank& rank, const Pipeline& pl, std::int64_t rows, CollOp op,
+                         bool comm_first, DType t, int n_ranks, PerStep per_step) {
+  std::vector<double> compute, comm;
+  for (std::int64_t s = 0; s < pl.steps; ++s) {
+    const auto [gemm_ns, count] = per_step(std::min(pl.step_rows, rows - s * pl.step_rows));
+    compute.push_back(gemm_ns);
+    comm.push_back(comm_cost(rank, op, n_ranks, count, t));
+  }
+  return price_pipeline(compute, comm, comm_first);
+}
+
 /// Adds `src` rows into an f32/f64 accumulator, or starts it.
 template <class T>
 void accumulate_rows(acc_t<T>* acc, const T* src, std::int64_t count, bool first) {
@@ -248,13 +262,11 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
   const Pipeline pl = pipeline(m, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * n) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  std::vector<double> cc, cm;
-  for (std::int64_t s = 0; s < pl.steps; ++s) {
-    const std::int64_t h = std::min(pl.step_rows, m - s * pl.step_rows);
-    cc.push_back(detail::gemm_cost_ns(rank, h, n, k, x.dtype(), o.weight_transposed));
-    cm.push_back(comm_cost(rank, CollOp::all_reduce, n_ranks, h * n, x.dtype()));
-  }
-  PipelineCost pc = price_pipeline(cc, cm, false);
+  PipelineCost pc =
+      price_steps(rank, pl, m, CollOp::all_reduce, false, x.dtype(), n_ranks, [&](std::int64_t h) {
+        return std::pair{detail::gemm_cost_ns(rank, h, n, k, x.dtype(), o.weight_transposed),
+                         h * n};
+      });
   if (prologue_ns > 0) {
     pc.total += prologue_ns;
     pc.phases.insert(pc.phases.begin(), {"dequantise weight", prologue_ns});
@@ -427,13 +439,11 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
   const std::size_t block_bytes = std::size_t(pl.step_rows * n) * e,
                     slot_bytes = block_bytes * std::size_t(n_ranks);
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  std::vector<double> cc, cm;
-  for (std::int64_t s = 0; s < pl.steps; ++s) {
-    const std::int64_t h = std::min(pl.step_rows, ml - s * pl.step_rows);
-    cc.push_back(detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed));
-    cm.push_back(comm_cost(rank, CollOp::reduce_scatter, n_ranks, h * n, x.dtype()));
-  }
-  const PipelineCost pc = price_pipeline(cc, cm, false);
+  const PipelineCost pc = price_steps(
+      rank, pl, ml, CollOp::reduce_scatter, false, x.dtype(), n_ranks, [&](std::int64_t h) {
+        return std::pair{
+            detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed), h * n};
+      });
   const bool det = o.deterministic;
   launch_fused(
       g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
@@ -487,13 +497,11 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
   const Pipeline pl = pipeline(ml, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * k) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  std::vector<double> cc, cm;
-  for (std::int64_t s = 0; s < pl.steps; ++s) {
-    const std::int64_t h = std::min(pl.step_rows, ml - s * pl.step_rows);
-    cc.push_back(detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed));
-    cm.push_back(comm_cost(rank, CollOp::all_gather, n_ranks, h * k, x.dtype()));
-  }
-  const PipelineCost pc = price_pipeline(cc, cm, true);
+  const PipelineCost pc =
+      price_steps(rank, pl, ml, CollOp::all_gather, true, x.dtype(), n_ranks, [&](std::int64_t h) {
+        return std::pair{
+            detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed), h * k};
+      });
   const Tensor full = gathered.defined() ? gathered : Tensor::shape_only({m, k}, x.dtype());
   launch_fused(
       g,

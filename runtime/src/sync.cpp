@@ -131,16 +131,19 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + scope.timeout;
-  // Yield for a short while: with more runnable threads than cores the peer we wait for usually
-  // needs our core. Then sleep in the kernel until woken (slices bound the abort latency).
-  // Yield for a while: with more runnable threads than cores the peer we wait for usually needs
-  // our core. Stream workers (collective steps, latency-critical) yield longer than host threads,
-  // which mostly wait for long work and should leave the cores to the workers.
-  static const int worker_yields =
-      std::getenv("COCEMU_YIELDS") ? std::atoi(std::getenv("COCEMU_YIELDS")) : 2000;
-  static const int host_yields =
-      std::getenv("COCEMU_HOST_YIELDS") ? std::atoi(std::getenv("COCEMU_HOST_YIELDS")) : 2000;
-  const int yields = scope.lane_index == 0 ? host_yields : worker_yields;
+  // Yield for a while (COCEMU_WAIT_YIELDS times, default 2000): with more runnable threads than
+  // cores the peer we wait for usually needs our core, and a busy core answers faster than a
+  // halted virtual CPU woken by an interrupt. Then sleep in the kernel until woken; time slices
+  // bound the abort latency.
+  static const int yields = [] {
+    const char* v = std::getenv("COCEMU_WAIT_YIELDS");
+    if (!v) return 2000;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    COCEMU_CHECK_ARG(end && *end == '\0' && n >= 0 && n <= 1000000,
+                     "COCEMU_WAIT_YIELDS='{}' must be an integer in 0..1000000", v);
+    return int(n);
+  }();
   for (int i = 0; i < yields; ++i) {
     if (reached(target)) return;
     sched_yield();

@@ -300,7 +300,6 @@ double row_forward_ns(int P, double launch_ns) {
   WorldOptions wo;
   wo.profile = cocemu::testing::round_profile(fmt::format(
       "host: {{launch_overhead_ns: {}, fused_launch_overhead_ns: {}}}", launch_ns, launch_ns));
-  const Case c{false, false, 64, 4000, 16, DType::f32};
   const RunResult r = cocemu::testing::run_ranks(
       2,
       [&](Rank& rank) {
@@ -311,7 +310,6 @@ double row_forward_ns(int P, double launch_ns) {
                              : LinearOptions{.strategy = Strategy::script, .parallel_num = P});
       },
       wo);
-  (void)c;
   return double(r.timeline.makespan_ns());
 }
 

@@ -24,7 +24,8 @@ using layers::Strategy;
 
 struct MlpOpts {
   int ranks = 8, repeats = 3;
-  std::int64_t m = 2048, hidden = 2048, ffn = 8192;
+  std::int64_t m = 2048, hidden = 2048, ffn = 8192, tile_rows = 128, tiles_per_step = 2;
+  bool nondeterministic = false;
   std::string json;
 };
 
@@ -42,11 +43,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// The compute floor: every thread runs the block's six GEMMs with single-threaded OpenBLAS.
-double floor_ns(const MlpOpts& o) {
+/// One sample of the compute floor: every thread runs the block's six GEMMs with single-threaded
+/// OpenBLAS.
+double floor_sample(const MlpOpts& o) {
   const std::int64_t m = o.m, h = o.hidden, f = o.ffn / o.ranks;
-  std::vector<double> samples;
-  for (int rep = 0; rep < o.repeats; ++rep) {
+  {
     std::barrier sync(o.ranks);
     std::vector<double> times(std::size_t(o.ranks));
     std::vector<std::thread> threads;
@@ -77,9 +78,8 @@ double floor_ns(const MlpOpts& o) {
       });
     for (auto& t : threads)
       t.join();
-    samples.push_back(*std::max_element(times.begin(), times.end()));
+    return *std::max_element(times.begin(), times.end());
   }
-  return median(samples);
 }
 
 struct StrategyResult {
@@ -101,6 +101,11 @@ void add_mlpbench(CLI::App& app) {
   sub->add_option("--hidden", o->hidden)->capture_default_str();
   sub->add_option("--ffn", o->ffn)->capture_default_str();
   sub->add_option("--repeats", o->repeats)->capture_default_str();
+  sub->add_option("--tile-rows", o->tile_rows, "fused kernels' tile rows")->capture_default_str();
+  sub->add_option("--tiles-per-step", o->tiles_per_step, "fused kernels' tiles per step")
+      ->capture_default_str();
+  sub->add_flag("--nondeterministic", o->nondeterministic,
+                "OpenBLAS GEMMs and owner-first reductions (bits may differ between strategies)");
   sub->add_option("--json", o->json, "write floor_ns and strategies[] here");
   sub->callback([o] {
     COCEMU_CHECK_ARG(
@@ -108,24 +113,31 @@ void add_mlpbench(CLI::App& app) {
         "mlpbench: m ({}) and ffn ({}) must be divisible by the ranks ({}); repeats >= 1", o->m,
         o->ffn, o->ranks);
     const std::int64_t m = o->m, h = o->hidden, f = o->ffn / o->ranks, ml = m / o->ranks;
-    const double floor = floor_ns(*o);
     std::vector<std::pair<std::string, LinearOptions>> strategies{
         {"serial", {.strategy = Strategy::serial}},
         {"script P=2", {.strategy = Strategy::script, .parallel_num = 2}},
         {"script P=4", {.strategy = Strategy::script, .parallel_num = 4}},
         {"script P=8", {.strategy = Strategy::script, .parallel_num = 8}},
-        {"fused", {.strategy = Strategy::fused, .tile_rows = 128, .tiles_per_step = 2}}};
-    std::vector<StrategyResult> results;
-    std::vector<std::vector<std::byte>> serial_bits;
-    for (const auto& [name, lo] : strategies) {
-      std::vector<double> walls;
-      std::vector<std::vector<std::byte>> bits(std::size_t(o->ranks));
-      std::int64_t modeled = 0;
-      for (int rep = 0; rep < o->repeats; ++rep) {
+        {"fused",
+         {.strategy = Strategy::fused,
+          .tile_rows = o->tile_rows,
+          .tiles_per_step = int(o->tiles_per_step)}}};
+    // Repeats interleave the floor and every strategy, so that the machine's drift (a shared,
+    // noisy host) hits them alike; each figure is the median over repeats.
+    std::vector<double> floor_samples;
+    std::vector<std::vector<double>> walls(strategies.size());
+    std::vector<std::vector<std::vector<std::byte>>> bits(strategies.size());
+    std::vector<std::int64_t> modeled(strategies.size());
+    for (int rep = 0; rep < o->repeats; ++rep) {
+      floor_samples.push_back(floor_sample(*o));
+      for (std::size_t si = 0; si < strategies.size(); ++si) {
+        const LinearOptions& lo = strategies[si].second;
         WorldOptions wo;
         wo.n_ranks = o->ranks;
         wo.record_wall_times = false;
+        wo.deterministic = !o->nondeterministic;
         std::vector<double> per_rank(std::size_t(o->ranks));
+        if (rep == 0) bits[si].resize(std::size_t(o->ranks));
         RunResult run_result = run(wo, [&](Rank& rank) {
           Group tp = Group::world(rank);
           const int r = rank.id();
@@ -150,25 +162,31 @@ void add_mlpbench(CLI::App& app) {
               const auto* p = static_cast<const std::byte*>(t->raw());
               b.insert(b.end(), p, p + t->nbytes());
             }
-            bits[std::size_t(r)] = std::move(b);
+            bits[si][std::size_t(r)] = std::move(b);
           }
         });
-        walls.push_back(*std::max_element(per_rank.begin(), per_rank.end()));
-        modeled = run_result.timeline.makespan_ns();
+        walls[si].push_back(*std::max_element(per_rank.begin(), per_rank.end()));
+        modeled[si] = run_result.timeline.makespan_ns();
       }
-      if (name == "serial") serial_bits = bits;
-      results.push_back({name, median(walls), modeled, bits == serial_bits});
     }
+    const double floor = median(floor_samples);
+    std::vector<StrategyResult> results;
+    for (std::size_t si = 0; si < strategies.size(); ++si)
+      results.push_back(
+          {strategies[si].first, median(walls[si]), modeled[si], bits[si] == bits[0]});
     std::printf(
         "# cocemu mlpbench: TP=%d MLP block (column up %lldx%lld->%lld, row down, sequence "
-        "parallel), f32, fwd+bwd\n",
-        o->ranks, (long long)m, (long long)h, (long long)o->ffn);
+        "parallel), f32, fwd+bwd, %s mode\n",
+        o->ranks, (long long)m, (long long)h, (long long)o->ffn,
+        o->nondeterministic ? "non-deterministic (OpenBLAS GEMMs)"
+                            : "deterministic (tiling-invariant det_gemm)");
     std::printf(
         "# floor = the same 6 GEMMs per rank run back to back by %d threads with plain "
         "single-threaded OpenBLAS\n",
         o->ranks);
     std::printf("%-12s %12s %10s %14s %8s\n", "strategy", "wall ms", "x floor", "modeled us",
                 "bitwise");
+    std::printf("# wall = median of %d repeats, interleaved with the floor's\n", o->repeats);
     std::printf("%-12s %12.1f %10s %14s %8s\n", "floor", floor / 1e6, "1.00", "-", "-");
     for (const auto& r : results)
       std::printf("%-12s %12.1f %10.2f %14.1f %8s\n", r.name.c_str(), r.wall_ns / 1e6,
@@ -183,8 +201,13 @@ void add_mlpbench(CLI::App& app) {
                      {"bitwise_equal_serial", r.bitwise_equal_serial}});
       std::ofstream fjson(o->json);
       COCEMU_CHECK_ARG(fjson.good(), "mlpbench: cannot write '{}'", o->json);
-      fjson << nlohmann::json{{"floor_ns", floor}, {"strategies", s}, {"ranks", o->ranks}, {"m", m},
-                              {"hidden", h},       {"ffn", o->ffn}}
+      fjson << nlohmann::json{{"floor_ns", floor},
+                              {"strategies", s},
+                              {"ranks", o->ranks},
+                              {"m", m},
+                              {"hidden", h},
+                              {"ffn", o->ffn},
+                              {"deterministic", !o->nondeterministic}}
                    .dump(2)
             << "\n";
     }

@@ -275,7 +275,7 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
   launch_fused(
       g, fmt::format("{}{} {}x{}x{}{}", o.label, kernel, m, k, n, det ? "" : " nondet"), pc.total,
       pc.phases, std::uint64_t(2 * m * n * k), [=] {
-        const Tensor w = weight();
+        const detail::WeightOperand w(weight(), trans_w, o.deterministic);
         const Protocol pr{buf, n_ranks, me, o, kernel};
         for (std::int64_t s = 0; s < pl.steps; ++s) {
           const int slot = int(s % 2);
@@ -285,7 +285,7 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
           // 1. compute: wait for the slot to be free, produce the step's tiles, announce them.
           pr.wait_free(slot, use, s);
           Tensor tiles = Tensor::zeros({h, n}, x.dtype());  // tiling-invariant: one call per step
-          detail::gemm_now(x.rows(r0, r0 + h), false, w, trans_w, tiles);
+          w.gemm_now(x.rows(r0, r0 + h), tiles);
           pr.before_write(slot, use, s);
           std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
           pr.stall();
@@ -421,19 +421,19 @@ void w8a16_matmul_all_reduce(Group& g, const Tensor& x, const W8A16Weight& q, co
       "W8A16_MATMUL_ALL_REDUCE", prologue);
 }
 
-void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
-                           const Tensor& out, const FusedOptions& o) {
+void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
+                           const Tensor& bias, const Tensor& out, const FusedOptions& o) {
   Rank& rank = g.owner();
   const int n_ranks = g.size(), me = g.rank();
-  const std::int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  const std::int64_t m = x.size(0), k = x.size(1), n = trans_w ? w.size(0) : w.size(1);
   COCEMU_CHECK_ARG(m % n_ranks == 0,
                    "MATMUL_REDUCE_SCATTER on rank {}: m = {} must be a multiple "
                    "of the group size {}",
                    rank.id(), m, n_ranks);
   const std::int64_t ml = m / n_ranks;
-  COCEMU_CHECK_ARG(w.size(1) == k && out.size(0) == ml && out.size(1) == n,
-                   "MATMUL_REDUCE_SCATTER on rank {}: x {} · wᵀ {} -> out {} do not fit", rank.id(),
-                   x.describe(), w.describe(), out.describe());
+  COCEMU_CHECK_ARG((trans_w ? w.size(1) : w.size(0)) == k && out.size(0) == ml && out.size(1) == n,
+                   "MATMUL_REDUCE_SCATTER on rank {}: x {} · w{} {} -> out {} do not fit",
+                   rank.id(), x.describe(), trans_w ? "ᵀ" : "", w.describe(), out.describe());
   const Pipeline pl = pipeline(ml, o);
   const std::size_t e = size_of(x.dtype());
   const std::size_t block_bytes = std::size_t(pl.step_rows * n) * e,
@@ -449,6 +449,7 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
       g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
       pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
         const Protocol pr{buf, n_ranks, me, o, "MATMUL_REDUCE_SCATTER"};
+        const detail::WeightOperand wop(w, trans_w, o.deterministic);
         for (std::int64_t s = 0; s < pl.steps; ++s) {
           const int slot = int(s % 2);
           const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
@@ -460,7 +461,7 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Ten
           for (int j = 0; j < n_ranks; ++j) {
             const std::int64_t xr = j * ml + r0;  // the step's tiles in one tiling-invariant call
             Tensor tiles = Tensor::zeros({h, n}, x.dtype());
-            detail::gemm_now(x.rows(xr, xr + h), false, w, true, tiles);
+            wop.gemm_now(x.rows(xr, xr + h), tiles);
             std::memcpy(buf.local() + slot_off + std::size_t(j) * block_bytes, tiles.raw(),
                         tiles.nbytes());
           }
@@ -509,6 +510,7 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
                   n),
       pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
         const Tensor xf = full.has_data() ? full : Tensor::zeros({m, k}, x.dtype());
+        const detail::WeightOperand wop(w, trans_w, o.deterministic);
         for (std::int64_t s = 0; s < pl.steps; ++s) {
           const int slot = int(s % 2);
           const std::uint32_t use = base[std::size_t(s % 2)] + std::uint32_t(s / 2);
@@ -530,7 +532,7 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
           // Compute the output rows of the gathered input.
           for (int j = 0; j < n_ranks; ++j) {
             const std::int64_t xr = j * ml + r0;  // the step's tiles in one tiling-invariant call
-            detail::gemm_now(xf.rows(xr, xr + h), false, w, trans_w, out.rows(xr, xr + h));
+            wop.gemm_now(xf.rows(xr, xr + h), out.rows(xr, xr + h));
           }
         }
         drain(buf, base, pl.steps, n_ranks);

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/det_gemm.h"
 #include "cocemu/runtime/error.h"
@@ -19,7 +20,8 @@ double gemm_cost_ns(const Rank& rank, std::int64_t m, std::int64_t n, std::int64
   return gemm_ns(p, m, weight_transposed ? k : n, k, dtype == DType::f64 ? DType::f64 : dtype);
 }
 
-void gemm_now(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c) {
+void gemm_now(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c,
+              bool deterministic) {
   const std::int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1);
   const std::int64_t n = tb ? b.size(0) : b.size(1), kb = tb ? b.size(1) : b.size(0);
   COCEMU_CHECK_ARG(k == kb && c.size(0) == m && c.size(1) == n && a.dtype() == b.dtype() &&
@@ -29,18 +31,26 @@ void gemm_now(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& 
   if (m == 0 || n == 0) return;
   switch (a.dtype()) {
     case DType::f32:
-      blas::det_gemm(m, n, k, a.data<float>(), a.size(1), ta, b.data<float>(), b.size(1), tb,
-                     c.data<float>(), n);
+      if (deterministic)
+        blas::det_gemm(m, n, k, a.data<float>(), a.size(1), ta, b.data<float>(), b.size(1), tb,
+                       c.data<float>(), n);
+      else
+        blas::gemm_raw(ta, tb, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(),
+                       b.size(1), 0.0f, c.data<float>(), n);
       return;
     case DType::f64:
-      blas::det_gemm(m, n, k, a.data<double>(), a.size(1), ta, b.data<double>(), b.size(1), tb,
-                     c.data<double>(), n);
+      if (deterministic)
+        blas::det_gemm(m, n, k, a.data<double>(), a.size(1), ta, b.data<double>(), b.size(1), tb,
+                       c.data<double>(), n);
+      else
+        blas::gemm_raw(ta, tb, m, n, k, 1.0, a.data<double>(), a.size(1), b.data<double>(),
+                       b.size(1), 0.0, c.data<double>(), n);
       return;
     case DType::f16:
     case DType::bf16: {
       Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32),
              c32 = Tensor::zeros(c.shape(), DType::f32);
-      gemm_now(a32, ta, b32, tb, c32);
+      gemm_now(a32, ta, b32, tb, c32, deterministic);
       c.copy_from(c32.to(c.dtype()));
       return;
     }
@@ -48,6 +58,33 @@ void gemm_now(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& 
       COCEMU_FAIL(Errc::invalid_argument,
                   "matmul: dtype {} unsupported; allowed f32, f64, f16, bf16", name_of(a.dtype()));
   }
+}
+
+void WeightOperand::gemm_now(const Tensor& a, const Tensor& c) const {
+  if (!deterministic_ || a.dtype() != DType::f32 || w_.dtype() != DType::f32 ||
+      c.dtype() != DType::f32 || a.size(0) == 0) {
+    detail::gemm_now(a, false, w_, trans_, c, deterministic_);
+    return;
+  }
+  const std::int64_t k = trans_ ? w_.size(1) : w_.size(0), n = trans_ ? w_.size(0) : w_.size(1);
+  COCEMU_CHECK_ARG(a.size(1) == k && c.size(0) == a.size(0) && c.size(1) == n,
+                   "matmul: {} · {}{} -> {} do not fit", a.describe(), w_.describe(),
+                   trans_ ? "ᵀ" : "", c.describe());
+  std::call_once(packed_once_, [&] {
+    packed_ = std::make_unique<blas::PackedB>(w_.data<float>(), w_.size(1), trans_, k, n);
+  });
+  blas::det_gemm(a.size(0), a.data<float>(), k, false, *packed_, c.data<float>(), n);
+}
+
+void matmul(Rank& rank, const std::string& name, const Tensor& a,
+            std::shared_ptr<const WeightOperand> w, const Tensor& c, bool weight_transposed) {
+  const std::int64_t m = a.size(0), k = a.size(1), n = c.size(1);
+  rank.current_stream().launch(
+      {.name = fmt::format("{} {}x{}x{}", name, m, k, n),
+       .cls = OpClass::compute,
+       .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), weight_transposed),
+       .flops = std::uint64_t(2 * m * n * k)},
+      [=] { w->gemm_now(a, c); });
 }
 
 void matmul(Rank& rank, const std::string& name, const Tensor& a, bool ta, const Tensor& b, bool tb,
@@ -59,7 +96,7 @@ void matmul(Rank& rank, const std::string& name, const Tensor& a, bool ta, const
        .cls = OpClass::compute,
        .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), weight_transposed),
        .flops = std::uint64_t(2 * m * n * k)},
-      [=] { gemm_now(a, ta, b, tb, c); });
+      [=, det = rank.deterministic()] { gemm_now(a, ta, b, tb, c, det); });
 }
 
 void add_bias_now(const Tensor& y, const Tensor& bias) {

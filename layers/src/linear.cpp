@@ -71,6 +71,7 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
   const std::int64_t per = ml / P, n = out.size(1);
   Tensor gathered = alloc(rank, {m, k}, x.dtype());  // [P, ws, per] rows
   Tensor shuffled = alloc(rank, {m, n}, out.dtype());
+  const auto wop = std::make_shared<const detail::WeightOperand>(w, trans_w, rank.deterministic());
   std::vector<Work> works;
   for (int i = 0; i <= P; ++i) {
     if (i < P)
@@ -80,7 +81,7 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
     if (i > 0) {
       works[std::size_t(i - 1)].wait();
       matmul(rank, fmt::format("{}[{}/{}]", name(o, what + " matmul"), i, P),
-             gathered.rows((i - 1) * ws * per, i * ws * per), false, w, trans_w,
+             gathered.rows((i - 1) * ws * per, i * ws * per), wop,
              shuffled.rows((i - 1) * ws * per, i * ws * per), o.weight_transposed);
     }
   }
@@ -179,21 +180,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
     gather_work = w;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
     dx = alloc(rank, {m / ws, k}, dy.dtype());
-    // dX = reduce_scatter(dY · W): the fused kernel takes W as [k, n]ᵀ, i.e. its transpose.
-    Tensor wt = alloc(rank, {k, nl}, weight_.dtype());
-    rank.current_stream().launch({.name = "weight transpose",
-                                  .cls = OpClass::compute,
-                                  .work_ns = memory_ns(rank.profile(), 2 * weight_.nbytes())},
-                                 [w = weight_, wt] {
-                                   visit_dtype(w.dtype(), [&](auto tag) {
-                                     using T = decltype(tag);
-                                     const std::int64_t r = w.size(0), c = w.size(1);
-                                     for (std::int64_t i = 0; i < r; ++i)
-                                       for (std::int64_t j = 0; j < c; ++j)
-                                         wt.data<T>()[j * r + i] = w.data<T>()[i * c + j];
-                                   });
-                                 });
-    matmul_reduce_scatter(tp_, dy, wt, Tensor(), dx, fused_options(o, rank));
+    matmul_reduce_scatter(tp_, dy, weight_, false, Tensor(), dx,
+                          fused_options(o, rank));  // dX = RS(dY · W)
   } else {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
     dx = alloc(rank, {m / ws, k}, dy.dtype());
@@ -263,13 +251,15 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
     }
     const int P = o.strategy == Strategy::script ? effective_chunks(o.parallel_num, m) : 1;
     const std::int64_t per = m / P;
+    const auto wop =
+        std::make_shared<const detail::WeightOperand>(weight_, true, rank.deterministic());
     std::vector<Work> works;
     for (int i = 0; i < P;
          ++i) {  // compute first: chunk i's all_reduce overlaps chunk i+1's matmul
       const std::string tag =
           P > 1 || o.strategy == Strategy::script ? fmt::format("[{}/{}]", i + 1, P) : "";
-      matmul(rank, name(o, "row fwd matmul") + tag, x.rows(i * per, (i + 1) * per), false, weight_,
-             true, y.rows(i * per, (i + 1) * per), o.weight_transposed);
+      matmul(rank, name(o, "row fwd matmul") + tag, x.rows(i * per, (i + 1) * per), wop,
+             y.rows(i * per, (i + 1) * per), o.weight_transposed);
       works.push_back(all_reduce(tp_, y.rows(i * per, (i + 1) * per),
                                  {.async_op = true, .label = tag + " " + name(o, "row fwd")}));
     }
@@ -284,7 +274,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
                    rank.id(), m, ws);
   Tensor y = alloc(rank, {m / ws, n}, x.dtype());
   if (o.strategy == Strategy::fused) {
-    matmul_reduce_scatter(tp_, x, weight_, bias_, y, fo);
+    matmul_reduce_scatter(tp_, x, weight_, true, bias_, y, fo);
     return y;
   }
   const int P = o.strategy == Strategy::script ? effective_chunks(o.parallel_num, m / ws) : 1;
@@ -296,11 +286,13 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
     detail::shuffle_rows(rank, x, xs, ws, P);
   }
   Tensor partial = alloc(rank, {m, n}, x.dtype());
+  const auto wop =
+      std::make_shared<const detail::WeightOperand>(weight_, true, rank.deterministic());
   std::vector<Work> works;
   for (int i = 0; i < P; ++i) {
     const std::string tag = o.strategy == Strategy::script ? fmt::format("[{}/{}]", i + 1, P) : "";
-    matmul(rank, name(o, "row fwd matmul") + tag, xs.rows(i * ws * per, (i + 1) * ws * per), false,
-           weight_, true, partial.rows(i * ws * per, (i + 1) * ws * per), o.weight_transposed);
+    matmul(rank, name(o, "row fwd matmul") + tag, xs.rows(i * ws * per, (i + 1) * ws * per), wop,
+           partial.rows(i * ws * per, (i + 1) * ws * per), o.weight_transposed);
     works.push_back(reduce_scatter(tp_, y.rows(i * per, (i + 1) * per),
                                    partial.rows(i * ws * per, (i + 1) * ws * per),
                                    {.async_op = true, .label = tag + " " + name(o, "row fwd")}));

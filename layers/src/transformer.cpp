@@ -179,7 +179,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
        .cls = OpClass::compute,
        .work_ns = gemm_ns(rank.profile(), c_.seq, c_.seq, d, c_.dtype) * double(c_.batch * heads_l),
        .flops = std::uint64_t(flops)},
-      [=] {
+      [=, this] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
         attn::attention_forward(
@@ -249,7 +249,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
        .cls = OpClass::compute,
        .work_ns =
            2.5 * gemm_ns(rank.profile(), c_.seq, c_.seq, d, c_.dtype) * double(c_.batch * heads_l)},
-      [=] {
+      [=, this] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
         const Shape sbh{c_.seq, c_.batch, hl};

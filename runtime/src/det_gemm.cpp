@@ -12,8 +12,8 @@ namespace cocemu::blas {
 
 namespace {
 
-constexpr std::int64_t MR = 6, NR = 32;              // register tile (f32)
-constexpr std::int64_t KC = 256, MC = 96, NC = 512;  // cache blocks
+constexpr std::int64_t MR = 6, NR = 32;               // register tile (f32)
+constexpr std::int64_t KC = 256, MC = 96, NC = 2048;  // cache blocks
 
 /// Packs B[p0:p0+kc, j0:j0+nc] into NR-wide panels (zero-padded): panel q holds [kc][NR].
 void pack_b(const float* b, std::int64_t ldb, bool trans, std::int64_t p0, std::int64_t kc,
@@ -27,15 +27,23 @@ void pack_b(const float* b, std::int64_t ldb, bool trans, std::int64_t p0, std::
         std::memcpy(row, b + (p0 + p) * ldb + j0 + q, std::size_t(w) * sizeof(float));
         std::fill(row + w, row + NR, 0.0f);
       }
-    } else {  // read each of B's rows contiguously, scatter into the panel's column
-      for (std::int64_t j = 0; j < w; ++j) {
-        const float* src = b + (j0 + q + j) * ldb + p0;
-        for (std::int64_t p = 0; p < kc; ++p)
-          dst[p * NR + j] = src[p];
+    } else {  // B's rows read in groups of 8, side by side; the panel written in 8-float runs
+      for (std::int64_t j = 0; j < NR; j += 8) {
+        const float* src[8];
+        const std::int64_t g = std::clamp<std::int64_t>(w - j, 0, 8);
+        for (std::int64_t t = 0; t < 8; ++t)
+          src[t] = t < g ? b + (j0 + q + j + t) * ldb + p0 : nullptr;
+        if (g == 8) {
+          for (std::int64_t p = 0; p < kc; ++p)
+#pragma GCC unroll 8
+            for (std::int64_t t = 0; t < 8; ++t)
+              dst[p * NR + j + t] = src[t][p];
+        } else {
+          for (std::int64_t p = 0; p < kc; ++p)
+            for (std::int64_t t = 0; t < 8; ++t)
+              dst[p * NR + j + t] = t < g ? src[t][p] : 0.0f;
+        }
       }
-      for (std::int64_t j = w; j < NR; ++j)
-        for (std::int64_t p = 0; p < kc; ++p)
-          dst[p * NR + j] = 0.0f;
     }
   }
 }
@@ -54,16 +62,19 @@ void pack_a(const float* a, std::int64_t lda, bool trans, std::int64_t i0, std::
         for (std::int64_t i = h; i < MR; ++i)
           dst[p * MR + i] = 0.0f;
       }
-    } else {
-      for (std::int64_t i = 0; i < MR; ++i) {
-        if (i >= h) {
-          for (std::int64_t p = 0; p < kc; ++p)
-            dst[p * MR + i] = 0.0f;
-          continue;
-        }
-        const float* src = a + (i0 + r + i) * lda + p0;
+    } else {  // MR rows read side by side, the panel written contiguously
+      const float* rows[MR];
+      for (std::int64_t i = 0; i < MR; ++i)
+        rows[i] = i < h ? a + (i0 + r + i) * lda + p0 : nullptr;
+      if (h == MR) {
         for (std::int64_t p = 0; p < kc; ++p)
-          dst[p * MR + i] = src[p];
+#pragma GCC unroll 6
+          for (std::int64_t i = 0; i < MR; ++i)
+            dst[p * MR + i] = rows[i][p];
+      } else {
+        for (std::int64_t p = 0; p < kc; ++p)
+          for (std::int64_t i = 0; i < MR; ++i)
+            dst[p * MR + i] = i < h ? rows[i][p] : 0.0f;
       }
     }
   }
@@ -113,32 +124,30 @@ void micro_kernel(std::int64_t kc, const float* ap, const float* bp, float* c, s
 #endif
 }
 
-}  // namespace
+/// 64-byte aligned view of a float buffer allocated with 16 floats to spare.
+float* aligned(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(p) + 63) & ~std::uintptr_t(63));
+}
 
-void det_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-              bool trans_a, const float* b, std::int64_t ldb, bool trans_b, float* c,
-              std::int64_t ldc) {
+/// The blocked product over B's packed panels; `panel(j0, nc, p0, kc)` returns the packed
+/// B[p0:p0+kc, j0:j0+nc]. The k blocks start at 0 for every call: per-element order depends on k
+/// only.
+template <class Panel>
+void blocked(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+             bool trans_a, Panel panel, float* c, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     for (std::int64_t i = 0; i < m; ++i)
       std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
     return;
   }
-  thread_local std::vector<float, std::allocator<float>> abuf, bbuf;
-  abuf.resize(std::size_t(MC * KC) + 16);
-  bbuf.resize(std::size_t(NC * KC) + 16);
-  // 64-byte aligned views of the thread's pack buffers.
-  auto align = [](float* p) {
-    return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(p) + 63) &
-                                    ~std::uintptr_t(63));
-  };
-  float* ap = align(abuf.data());
-  float* bp = align(bbuf.data());
+  thread_local std::vector<float> abuf(std::size_t(MC * KC) + 16);
+  float* ap = aligned(abuf.data());
   for (std::int64_t j0 = 0; j0 < n; j0 += NC) {
     const std::int64_t nc = std::min(NC, n - j0);
-    for (std::int64_t p0 = 0; p0 < k; p0 += KC) {  // k blocks from 0: the same for every call
+    for (std::int64_t p0 = 0; p0 < k; p0 += KC) {
       const std::int64_t kc = std::min(KC, k - p0);
-      pack_b(b, ldb, trans_b, p0, kc, j0, nc, bp);
+      const float* bp = panel(j0, nc, p0, kc);
       for (std::int64_t i0 = 0; i0 < m; i0 += MC) {
         const std::int64_t mc = std::min(MC, m - i0);
         pack_a(a, lda, trans_a, i0, mc, p0, kc, ap);
@@ -149,6 +158,55 @@ void det_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
       }
     }
   }
+}
+
+std::int64_t round_up(std::int64_t v, std::int64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+}  // namespace
+
+void det_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+              bool trans_a, const float* b, std::int64_t ldb, bool trans_b, float* c,
+              std::int64_t ldc) {
+  thread_local std::vector<float> bbuf(std::size_t(NC * KC) + 16);
+  float* bp = aligned(bbuf.data());
+  blocked(
+      m, n, k, a, lda, trans_a,
+      [&](std::int64_t j0, std::int64_t nc, std::int64_t p0, std::int64_t kc) {
+        pack_b(b, ldb, trans_b, p0, kc, j0, nc, bp);
+        return static_cast<const float*>(bp);
+      },
+      c, ldc);
+}
+
+PackedB::PackedB(const float* b, std::int64_t ldb, bool trans_b, std::int64_t k, std::int64_t n)
+    : k_(k), n_(n) {
+  // Panels in the order `blocked` visits them: n blocks outer, k blocks inner.
+  const std::int64_t total = k * round_up(n, NR);
+  data_.resize(std::size_t(total) + 16);
+  float* out = aligned(data_.data());
+  for (std::int64_t j0 = 0; j0 < n; j0 += NC) {
+    const std::int64_t nc = std::min(NC, n - j0);
+    for (std::int64_t p0 = 0; p0 < k; p0 += KC) {
+      const std::int64_t kc = std::min(KC, k - p0);
+      pack_b(b, ldb, trans_b, p0, kc, j0, nc, out);
+      out += kc * round_up(nc, NR);
+    }
+  }
+}
+
+void det_gemm(std::int64_t m, const float* a, std::int64_t lda, bool trans_a, const PackedB& b,
+              float* c, std::int64_t ldc) {
+  const float* base = aligned(const_cast<float*>(b.data_.data()));
+  blocked(
+      m, b.n_, b.k_, a, lda, trans_a,
+      [&](std::int64_t j0, std::int64_t nc, std::int64_t p0, std::int64_t) {
+        // Blocks before (j0, p0): j0 full-width column blocks of all of k, then p0 rows of this
+        // one.
+        return base + j0 * b.k_ + p0 * round_up(nc, NR);
+      },
+      c, ldc);
 }
 
 void det_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const double* a, std::int64_t lda,

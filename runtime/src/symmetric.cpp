@@ -1,6 +1,7 @@
 #include "cocemu/runtime/symmetric.h"
 
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/tensor.h"
 
 #include <cstring>
 #include <new>
@@ -12,7 +13,7 @@ struct SymmetricState {
   std::vector<int> team;
   std::size_t bytes = 0;
   int n_flags = 0;
-  std::vector<std::unique_ptr<std::byte[]>> memory;
+  std::vector<Tensor> memory;  // from the caching allocator: repeated runs reuse warm pages
   std::vector<std::unique_ptr<Counter[]>> flags;
 };
 }  // namespace detail
@@ -47,7 +48,7 @@ SymmetricBuffer SymmetricBuffer::allocate(Rank& rank, const std::vector<int>& te
     s->bytes = bytes;
     s->n_flags = n_flags;
     for (std::size_t i = 0; i < team.size(); ++i) {
-      s->memory.emplace_back(new std::byte[bytes ? bytes : 1]());
+      s->memory.push_back(Tensor::zeros({std::int64_t(bytes)}, DType::i8));
       s->flags.emplace_back(new Counter[std::size_t(n_flags ? n_flags : 1)]);
     }
     return s;
@@ -78,7 +79,7 @@ std::byte* SymmetricBuffer::peer(int p) const {
                    "symmetric buffer on rank {}: peer {} out of range "
                    "0..{}",
                    rank_, p, team_size() - 1);
-  return state_->memory[std::size_t(p)].get();
+  return static_cast<std::byte*>(state_->memory[std::size_t(p)].raw());
 }
 
 void SymmetricBuffer::check_range(const char* call, int p, std::size_t offset,

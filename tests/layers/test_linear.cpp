@@ -352,7 +352,7 @@ void run_fused(bool reduce_scatter, const FusedOptions& o, std::uint64_t schedul
         Tensor x = Tensor::zeros({32, 16}, DType::f32), w = Tensor::zeros({8, 16}, DType::f32);
         Tensor out = Tensor::zeros({reduce_scatter ? 8 : 32, 8}, DType::f32);
         if (reduce_scatter)
-          matmul_reduce_scatter(tp, x, w, Tensor(), out, o);
+          matmul_reduce_scatter(tp, x, w, true, Tensor(), out, o);
         else
           matmul_all_reduce(tp, x, w, Tensor(), out, o);
         rank.synchronize();

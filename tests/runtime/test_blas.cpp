@@ -1,9 +1,12 @@
 // OpenBLAS: the pthread variant is linked and every worker runs GEMMs single-threaded.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
+#include <tuple>
 
 #include "cocemu/runtime/blas.h"
+#include "cocemu/runtime/det_gemm.h"
 #include "testing.h"
 
 namespace cocemu {
@@ -57,6 +60,46 @@ TEST(Blas, WorkersRunGemmsSingleThreaded) {
     rank.synchronize();
     EXPECT_EQ(threads, 1);
   });
+}
+
+// det_gemm's contract: per-element accumulation order depends on k only, so row chunks, tiles and
+// the pre-packed operand all give the bits of the whole product (and the product is right).
+TEST(DetGemm, RowChunksAndPackedOperandGiveTheWholeProductsBits) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const auto [m, n, k] :
+       {std::tuple{37, 45, 300}, std::tuple{100, 600, 257}, std::tuple{13, 1030, 31}}) {
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        std::vector<float> a(std::size_t(m * k)), b(std::size_t(k * n));
+        for (auto& v : a)
+          v = u(rng);
+        for (auto& v : b)
+          v = u(rng);
+        const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+        std::vector<float> whole(std::size_t(m * n)), chunks(whole.size()), packed(whole.size());
+        blas::det_gemm(m, n, k, a.data(), lda, ta, b.data(), ldb, tb, whole.data(), n);
+        const blas::PackedB pb(b.data(), ldb, tb, k, n);
+        for (std::int64_t r0 = 0; r0 < m; r0 += 7) {  // odd chunk sizes cross the register tile
+          const std::int64_t h = std::min<std::int64_t>(7, m - r0);
+          const float* ar = ta ? a.data() + r0 : a.data() + r0 * k;
+          blas::det_gemm(h, n, k, ar, lda, ta, b.data(), ldb, tb, chunks.data() + r0 * n, n);
+          blas::det_gemm(h, ar, lda, ta, pb, packed.data() + r0 * n, n);
+        }
+        EXPECT_EQ(0, std::memcmp(whole.data(), chunks.data(), whole.size() * sizeof(float)))
+            << m << "x" << n << "x" << k << " ta=" << ta << " tb=" << tb;
+        EXPECT_EQ(0, std::memcmp(whole.data(), packed.data(), whole.size() * sizeof(float)))
+            << m << "x" << n << "x" << k << " ta=" << ta << " tb=" << tb;
+        // Spot-check the value against a double-precision dot product.
+        for (const auto [i, j] : {std::pair{0, 0}, std::pair{m - 1, n - 1}, std::pair{m / 2, 3}}) {
+          double ref = 0;
+          for (std::int64_t p = 0; p < k; ++p)
+            ref += double(ta ? a[std::size_t(p * m + i)] : a[std::size_t(i * k + p)]) *
+                   double(tb ? b[std::size_t(j * k + p)] : b[std::size_t(p * n + j)]);
+          EXPECT_NEAR(whole[std::size_t(i * n + j)], ref, 1e-4 * k);
+        }
+      }
+  }
 }
 
 }  // namespace

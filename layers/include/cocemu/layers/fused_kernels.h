@@ -41,9 +41,9 @@ struct FusedOptions {
 /// out[m, n] = all_reduce(x[m, k] · wᵀ) (+ bias once). w: [n, k].
 void matmul_all_reduce(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
                        const Tensor& out, const FusedOptions& o);
-/// out[m/ws, n] = reduce_scatter(x[m, k] · wᵀ) (+ bias once).
-void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, const Tensor& bias,
-                           const Tensor& out, const FusedOptions& o);
+/// out[m/ws, n] = reduce_scatter(x[m, k] · op(w)) (+ bias once); w is [n, k] (trans_w) or [k, n].
+void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
+                           const Tensor& bias, const Tensor& out, const FusedOptions& o);
 /// out[m, n] = all_gather(x[m/ws, k]) · op(w) (+ bias); w is [n, k] (trans_w) or [k, n].
 /// If `gathered` is defined ([m, k]) it receives the gathered input (ALL_GATHER_MATMUL_V2).
 void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w, const Tensor& bias,

@@ -105,6 +105,7 @@ Pipeline pipeline(std::int64_t rows, const FusedOptions& o) {
 /// The modeled time of a two-stage pipeline and its per-step phases.
 struct PipelineCost {
   double total = 0;
+  double compute = 0, comm = 0;  ///< sums over the steps (what the pipeline overlaps)
   std::vector<std::pair<std::string, double>> phases;
 };
 
@@ -113,6 +114,10 @@ PipelineCost price_pipeline(const std::vector<double>& compute, const std::vecto
   PipelineCost p;
   const std::size_t s = compute.size();
   if (s == 0) return p;
+  for (std::size_t i = 0; i < s; ++i) {
+    p.compute += compute[i];
+    p.comm += comm[i];
+  }
   const auto& first = comm_first ? comm : compute;
   const auto& second = comm_first ? compute : comm;
   p.total = first[0];
@@ -230,16 +235,17 @@ std::pair<SymmetricBuffer, std::array<std::uint32_t, 2>> workspace(Group& g, std
   return {ws->buf, base};
 }
 
-void launch_fused(Group& g, std::string name, double work_ns,
-                  std::vector<std::pair<std::string, double>> phases, std::uint64_t flops,
+void launch_fused(Group& g, std::string name, PipelineCost cost, std::uint64_t flops,
                   std::function<void()> fn) {
   OpSpec spec;
   spec.name = std::move(name);
   spec.cls = OpClass::fused;
-  spec.work_ns = work_ns;
+  spec.work_ns = cost.total;
   spec.launch = LaunchKind::fused;
   spec.flops = flops;
-  spec.phases = std::move(phases);
+  spec.phases = std::move(cost.phases);
+  spec.inner_compute_ns = cost.compute;
+  spec.inner_comm_ns = cost.comm;
   // One kernel on every rank of the group: it starts and ends together (flags synchronise it).
   spec.rendezvous.push_back({fmt::format("fused/{}/{}", g.name(), g.next_sequence()), g.size()});
   g.owner().current_stream().launch(std::move(spec), std::move(fn));
@@ -269,12 +275,13 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
       });
   if (prologue_ns > 0) {
     pc.total += prologue_ns;
+    pc.compute += prologue_ns;
     pc.phases.insert(pc.phases.begin(), {"dequantise weight", prologue_ns});
   }
   const bool det = o.deterministic;
   launch_fused(
-      g, fmt::format("{}{} {}x{}x{}{}", o.label, kernel, m, k, n, det ? "" : " nondet"), pc.total,
-      pc.phases, std::uint64_t(2 * m * n * k), [=] {
+      g, fmt::format("{}{} {}x{}x{}{}", o.label, kernel, m, k, n, det ? "" : " nondet"), pc,
+      std::uint64_t(2 * m * n * k), [=] {
         const detail::WeightOperand w(weight(), trans_w, o.deterministic);
         const Protocol pr{buf, n_ranks, me, o, kernel};
         for (std::int64_t s = 0; s < pl.steps; ++s) {
@@ -447,7 +454,7 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
   const bool det = o.deterministic;
   launch_fused(
       g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
-      pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+      pc, std::uint64_t(2 * m * n * k), [=] {
         const Protocol pr{buf, n_ranks, me, o, "MATMUL_REDUCE_SCATTER"};
         const detail::WeightOperand wop(w, trans_w, o.deterministic);
         for (std::int64_t s = 0; s < pl.steps; ++s) {
@@ -508,7 +515,7 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
       g,
       fmt::format("{}ALL_GATHER_MATMUL{} {}x{}x{}", o.label, gathered.defined() ? "_V2" : "", m, k,
                   n),
-      pc.total, pc.phases, std::uint64_t(2 * m * n * k), [=] {
+      pc, std::uint64_t(2 * m * n * k), [=] {
         const Tensor xf = full.has_data() ? full : Tensor::zeros({m, k}, x.dtype());
         const detail::WeightOperand wop(w, trans_w, o.deterministic);
         for (std::int64_t s = 0; s < pl.steps; ++s) {

@@ -170,19 +170,19 @@ void shuffle_rows(Rank& rank, const Tensor& src, const Tensor& dst, std::int64_t
       });
 }
 
-void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int64_t parts,
-                  std::int64_t part, bool into_wide) {
+void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int64_t col0,
+                  bool into_wide) {
   rank.current_stream().launch({.name = into_wide ? "place columns" : "take columns",
                                 .cls = OpClass::compute,
                                 .work_ns = memory_ns(rank.profile(), 2 * narrow.nbytes())},
                                [=] {
-                                 const std::int64_t m = narrow.size(0), w = narrow.size(1);
+                                 const std::int64_t m = narrow.size(0), w = narrow.size(1),
+                                                    W = wide.size(1);
                                  const std::size_t e = size_of(narrow.dtype());
                                  auto* nb = static_cast<std::byte*>(narrow.raw());
                                  auto* wb = static_cast<std::byte*>(wide.raw());
                                  for (std::int64_t i = 0; i < m; ++i) {
-                                   std::byte* wide_row =
-                                       wb + std::size_t(i * parts * w + part * w) * e;
+                                   std::byte* wide_row = wb + std::size_t(i * W + col0) * e;
                                    std::byte* narrow_row = nb + std::size_t(i * w) * e;
                                    if (into_wide)
                                      std::memcpy(wide_row, narrow_row, std::size_t(w) * e);

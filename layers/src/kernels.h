@@ -51,9 +51,9 @@ void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g);
 void bias_grad(Rank& rank, const Tensor& db, const Tensor& dy);
 /// Row blocks [a, b, per] -> [b, a, per] (MindSpeed's shuffle_as_coc_*): src and dst [a·b·per, …].
 void shuffle_rows(Rank& rank, const Tensor& src, const Tensor& dst, std::int64_t a, std::int64_t b);
-/// dst [m, parts·w] column block `part` = src [m, w] (and the reverse when `gather` is false).
-void copy_columns(Rank& rank, const Tensor& src, const Tensor& dst, std::int64_t parts,
-                  std::int64_t part, bool into_wide);
+/// Columns [col0, col0 + w) of `wide` [m, W] = `narrow` [m, w] (into_wide), or the reverse.
+void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int64_t col0,
+                  bool into_wide);
 /// A zero tensor with storage unless the run is a dry run.
 Tensor alloc(const Rank& rank, const Shape& shape, DType dtype);
 

@@ -142,7 +142,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o) {
   Tensor blocks = alloc(rank, {ws * m, nl}, x.dtype()), wide = alloc(rank, {m, ws * nl}, x.dtype());
   all_gather(tp_, blocks, y, {.label = " " + name(o, "gather_output")});
   for (int r = 0; r < ws; ++r)
-    detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, ws, r, true);
+    detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, r * nl, true);
   return wide;
 }
 
@@ -155,7 +155,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   Tensor dy = dy_in;
   if (gather_output_) {  // take this rank's column block of the full gradient
     dy = alloc(rank, {dy_in.size(0), nl}, dy_in.dtype());
-    detail::copy_columns(rank, dy, dy_in, ws, tp_.rank(), false);
+    detail::copy_columns(rank, dy, dy_in, tp_.rank() * nl, false);
   }
   const std::int64_t m = dy.size(0);
   COCEMU_CHECK_ARG(dy.ndim() == 2 && dy.size(1) == nl,
@@ -235,7 +235,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
                      "RowParallelLinear::forward on rank {}: x {} must be [m, {}]", rank.id(),
                      x_in.describe(), kl * ws);
     x = alloc(rank, {x_in.size(0), kl}, x_in.dtype());
-    detail::copy_columns(rank, x, x_in, ws, tp_.rank(), false);
+    detail::copy_columns(rank, x, x_in, tp_.rank() * kl, false);
   }
   COCEMU_CHECK_ARG(x.ndim() == 2 && x.size(1) == kl && x.dtype() == weight_.dtype(),
                    "RowParallelLinear::forward on rank {}: x {} must be [m, {}] of {}", rank.id(),
@@ -329,7 +329,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o) {
          wide = alloc(rank, {m, ws * kl}, dy.dtype());
   all_gather(tp_, blocks, dx, {.label = " " + name(o, "row bwd input gather")});
   for (int r = 0; r < ws; ++r)
-    detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, ws, r, true);
+    detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, r * kl, true);
   return wide;
 }
 

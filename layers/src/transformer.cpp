@@ -57,10 +57,17 @@ double gelu_grad(double x) {
 
 TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint64_t seed) {
   const double s = 1.0 / std::sqrt(double(c.hidden));
-  return {layers::random({3 * c.hidden, c.hidden}, c.dtype, seed, s),
+  return {layers::random({c.qkv_width(), c.hidden}, c.dtype, seed, s),
           layers::random({c.hidden, c.hidden}, c.dtype, seed + 1, s),
-          layers::random({c.ffn, c.hidden}, c.dtype, seed + 2, s),
+          layers::random({c.up_width(), c.hidden}, c.dtype, seed + 2, s),
           layers::random({c.hidden, c.ffn}, c.dtype, seed + 3, 1.0 / std::sqrt(double(c.ffn)))};
+}
+
+TransformerWeights TransformerWeights::shapes(const TransformerConfig& c) {
+  return {Tensor::shape_only({c.qkv_width(), c.hidden}, c.dtype),
+          Tensor::shape_only({c.hidden, c.hidden}, c.dtype),
+          Tensor::shape_only({c.up_width(), c.hidden}, c.dtype),
+          Tensor::shape_only({c.hidden, c.ffn}, c.dtype)};
 }
 
 struct TransformerLayer::Saved {
@@ -72,31 +79,52 @@ TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
                                    const TransformerWeights& w)
     : tp_(tp), c_(c) {
   const int ws = tp.size(), r = tp.rank();
-  COCEMU_CHECK_ARG(c.heads % ws == 0 && c.ffn % ws == 0 && c.hidden % c.heads == 0,
-                   "TransformerLayer: heads {} and ffn {} must be divisible by the TP size {}, and "
-                   "hidden {} by heads",
-                   c.heads, c.ffn, ws, c.hidden, c.heads);
+  COCEMU_CHECK_ARG(c.hidden % c.heads == 0 && c.heads % c.kv() == 0,
+                   "TransformerLayer: hidden {} must be divisible by heads {}, and heads by the KV "
+                   "groups {}",
+                   c.hidden, c.heads, c.kv());
+  COCEMU_CHECK_ARG(c.heads % ws == 0 && c.kv() % ws == 0 && c.ffn % ws == 0,
+                   "TransformerLayer: heads {}, KV groups {} and ffn {} must be divisible by the "
+                   "TP size {} (Megatron asserts the same)",
+                   c.heads, c.kv(), c.ffn, ws);
   COCEMU_CHECK_ARG(!c.sequence_parallel || (c.seq * c.batch) % ws == 0,
                    "TransformerLayer: seq·batch = {} must be divisible by the TP size {} with SP",
                    c.seq * c.batch, ws);
-  const std::int64_t h = c.hidden, hl = h / ws, fl = c.ffn / ws;
-  // QKV shard: this rank's heads of q, k and v, stacked.
-  Tensor qkv = Tensor::zeros({3 * hl, h}, c.dtype);
-  for (int part = 0; part < 3; ++part)
-    qkv.rows(part * hl, (part + 1) * hl)
-        .copy_from(w.qkv.rows(part * h + r * hl, part * h + (r + 1) * hl));
-  auto col_block = [](const Tensor& t, std::int64_t c0, std::int64_t width) {
-    Tensor out = Tensor::zeros({t.size(0), width}, t.dtype());
+  const std::int64_t h = c.hidden, hl = h / ws, kvl = c.kv() * c.head_dim() / ws, fl = c.ffn / ws;
+  const Rank& rank = tp.owner();
+  // Shards: stacked row blocks of the full weights, or column blocks (row-parallel layers).
+  auto rows_of = [&](const Tensor& t, std::vector<std::pair<std::int64_t, std::int64_t>> blocks) {
+    std::int64_t total = 0;
+    for (const auto& b : blocks)
+      total += b.second;
+    Tensor out = detail::alloc(rank, {total, t.size(1)}, t.dtype());
+    if (!rank.numerics()) return out;
+    std::int64_t at_row = 0;
+    for (const auto& [start, len] : blocks) {
+      out.rows(at_row, at_row + len).copy_from(t.rows(start, start + len));
+      at_row += len;
+    }
+    return out;
+  };
+  auto col_block = [&](const Tensor& t, std::int64_t c0, std::int64_t width) {
+    Tensor out = detail::alloc(rank, {t.size(0), width}, t.dtype());
+    if (!rank.numerics()) return out;
     for (std::int64_t i = 0; i < t.size(0); ++i)
       out.rows(i, i + 1).reshape({width}).copy_from(
           t.rows(i, i + 1).reshape({t.size(1)}).flat(c0, c0 + width));
     return out;
   };
-  qkv_ = std::make_unique<ColumnParallelLinear>(tp, qkv, Tensor(), c.sequence_parallel);
+  const std::int64_t kv_rows = c.kv() * c.head_dim();
+  qkv_ = std::make_unique<ColumnParallelLinear>(
+      tp, rows_of(w.qkv, {{r * hl, hl}, {h + r * kvl, kvl}, {h + kv_rows + r * kvl, kvl}}),
+      Tensor(), c.sequence_parallel);
   out_ = std::make_unique<RowParallelLinear>(tp, col_block(w.out, r * hl, hl), Tensor(),
                                              c.sequence_parallel);
-  up_ = std::make_unique<ColumnParallelLinear>(tp, w.up.rows(r * fl, (r + 1) * fl).clone(),
-                                               Tensor(), c.sequence_parallel);
+  up_ = std::make_unique<ColumnParallelLinear>(
+      tp,
+      c.activation == Activation::swiglu ? rows_of(w.up, {{r * fl, fl}, {c.ffn + r * fl, fl}})
+                                         : rows_of(w.up, {{r * fl, fl}}),
+      Tensor(), c.sequence_parallel);
   down_ = std::make_unique<RowParallelLinear>(tp, col_block(w.down, r * fl, fl), Tensor(),
                                               c.sequence_parallel);
 }
@@ -140,12 +168,41 @@ void rmsnorm_backward(Rank& rank, const Tensor& x, const Tensor& rms, const Tens
 
 }  // namespace
 
+namespace {
+
+double sigmoid(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+
+/// `t` as f32 (a widened copy for 16-bit tensors): flash attention accumulates in f32.
+Tensor widened(const Tensor& t) {
+  return t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
+}
+/// Stores a widened result back into `dst` (rounded once), unless it is `dst` itself.
+void narrow_into(const Tensor& dst, const Tensor& wide) {
+  if (wide.raw() != dst.raw()) dst.copy_from(wide.to(dst.dtype()));
+}
+
+/// Names the ops recorded in its scope as one CoC segment of the layer.
+class Segment {
+ public:
+  Segment(Rank& rank, std::string name) : rank_(rank) { rank_.set_segment(std::move(name)); }
+  ~Segment() { rank_.set_segment(""); }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+ private:
+  Rank& rank_;
+};
+
+}  // namespace
+
 Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   Rank& rank = tp_.owner();
   const int ws = tp_.size();
   const std::int64_t m = c_.seq * c_.batch, ml = c_.sequence_parallel ? m / ws : m;
-  const std::int64_t h = c_.hidden, hl = h / ws, heads_l = c_.heads / ws, d = h / c_.heads,
-                     fl = c_.ffn / ws;
+  const std::int64_t h = c_.hidden, hl = h / ws, heads_l = c_.heads / ws, kv_l = c_.kv() / ws,
+                     d = c_.head_dim(), kvl = kv_l * d, fl = c_.ffn / ws;
   COCEMU_CHECK_ARG(x.ndim() == 2 && x.size(0) == ml && x.size(1) == h && x.dtype() == c_.dtype,
                    "TransformerLayer::forward on rank {}: x {} must be {}[{}, {}]", rank.id(),
                    x.describe(), name_of(c_.dtype), ml, h);
@@ -155,22 +212,27 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   s->rms1 = alloc(rank, {ml}, DType::f64);
   rmsnorm(rank, x, s->n1, s->rms1);
   LinearOptions lo = o;
-  lo.label = "attn.qkv";
-  Tensor qkv = qkv_->forward(s->n1, lo);  // [m, 3·hl]
+  Tensor qkv;  // [m, hl + 2·kvl]
+  {
+    Segment seg(rank, "fwd attn.qkv");
+    lo.label = "attn.qkv";
+    qkv = qkv_->forward(s->n1, lo);
+  }
   s->q = alloc(rank, {m, hl}, c_.dtype);
-  s->k = alloc(rank, {m, hl}, c_.dtype);
-  s->v = alloc(rank, {m, hl}, c_.dtype);
-  detail::copy_columns(rank, s->q, qkv, 3, 0, false);
-  detail::copy_columns(rank, s->k, qkv, 3, 1, false);
-  detail::copy_columns(rank, s->v, qkv, 3, 2, false);
+  s->k = alloc(rank, {m, kvl}, c_.dtype);
+  s->v = alloc(rank, {m, kvl}, c_.dtype);
+  detail::copy_columns(rank, s->q, qkv, 0, false);
+  detail::copy_columns(rank, s->k, qkv, hl, false);
+  detail::copy_columns(rank, s->v, qkv, hl + kvl, false);
   // Core attention over this rank's heads, causal, SBH layout ([S, B, heads·d] = the [m, hl] rows).
   s->pos.resize(std::size_t(c_.seq));
   for (std::int64_t i = 0; i < c_.seq; ++i)
     s->pos[std::size_t(i)] = i;
   s->attn = alloc(rank, {m, hl}, c_.dtype);
-  s->lse = alloc(rank, {c_.batch, heads_l, c_.seq}, c_.dtype);
+  s->lse =
+      alloc(rank, {c_.batch, heads_l, c_.seq}, c_.dtype == DType::f64 ? DType::f64 : DType::f32);
   attn::AttentionArgs a;
-  a.shape = {c_.batch, heads_l, heads_l, c_.seq, c_.seq, d};
+  a.shape = {c_.batch, heads_l, kv_l, c_.seq, c_.seq, d};
   a.layout = attn::Layout::sbh;
   a.mask.kind = attn::MaskKind::causal;
   const double flops = 2.0 * double(c_.batch * heads_l) * double(c_.seq * c_.seq) * double(d);
@@ -182,12 +244,18 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
       [=, this] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
-        attn::attention_forward(
-            aa, s->q.reshape({c_.seq, c_.batch, hl}), s->k.reshape({c_.seq, c_.batch, hl}),
-            s->v.reshape({c_.seq, c_.batch, hl}), s->attn.reshape({c_.seq, c_.batch, hl}), s->lse);
+        const Shape q_sbh{c_.seq, c_.batch, hl}, kv_sbh{c_.seq, c_.batch, kvl};
+        const Tensor out = widened(s->attn);
+        attn::attention_forward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
+                                widened(s->v).reshape(kv_sbh), out.reshape(q_sbh), s->lse);
+        narrow_into(s->attn, out);
       });
-  lo.label = "attn.out";
-  Tensor proj = out_->forward(s->attn, lo);  // [ml, h]
+  Tensor proj;
+  {
+    Segment seg(rank, "fwd attn.out");
+    lo.label = "attn.out";
+    proj = out_->forward(s->attn, lo);  // [ml, h]
+  }
   s->h1 = alloc(rank, {ml, h}, c_.dtype);
   elementwise(rank, "residual", 3 * x.nbytes(), [=, h1 = s->h1] {
     for (std::int64_t i = 0; i < x.numel(); ++i)
@@ -196,15 +264,32 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   s->n2 = alloc(rank, {ml, h}, c_.dtype);
   s->rms2 = alloc(rank, {ml}, DType::f64);
   rmsnorm(rank, s->h1, s->n2, s->rms2);
-  lo.label = "mlp.up";
-  s->up = up_->forward(s->n2, lo);  // [m, fl]
+  {
+    Segment seg(rank, "fwd mlp.up");
+    lo.label = "mlp.up";
+    s->up = up_->forward(s->n2, lo);  // [m, fl] (SwiGLU: [m, 2·fl], gate then up)
+  }
   s->act = alloc(rank, {m, fl}, c_.dtype);
-  elementwise(rank, "gelu", 2 * s->up.nbytes(), [up = s->up, act = s->act] {
-    for (std::int64_t i = 0; i < up.numel(); ++i)
-      set(act, i, gelu(at(up, i)));
-  });
-  lo.label = "mlp.down";
-  Tensor mlp = down_->forward(s->act, lo);
+  if (c_.activation == Activation::swiglu) {
+    elementwise(rank, "swiglu", 3 * s->act.nbytes(), [up = s->up, act = s->act, fl] {
+      for (std::int64_t i = 0; i < act.size(0); ++i)
+        for (std::int64_t j = 0; j < fl; ++j) {
+          const double g = at(up, i * 2 * fl + j), u = at(up, i * 2 * fl + fl + j);
+          set(act, i * fl + j, g * sigmoid(g) * u);
+        }
+    });
+  } else {
+    elementwise(rank, "gelu", 2 * s->up.nbytes(), [up = s->up, act = s->act] {
+      for (std::int64_t i = 0; i < up.numel(); ++i)
+        set(act, i, gelu(at(up, i)));
+    });
+  }
+  Tensor mlp;
+  {
+    Segment seg(rank, "fwd mlp.down");
+    lo.label = "mlp.down";
+    mlp = down_->forward(s->act, lo);
+  }
   Tensor y = alloc(rank, {ml, h}, c_.dtype);
   elementwise(rank, "residual", 3 * x.nbytes(), [=, h1 = s->h1] {
     for (std::int64_t i = 0; i < y.numel(); ++i)
@@ -220,28 +305,48 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
   const auto s = saved_;
   const int ws = tp_.size();
   const std::int64_t m = c_.seq * c_.batch, hl = c_.hidden / ws, heads_l = c_.heads / ws,
-                     d = c_.hidden / c_.heads;
+                     kv_l = c_.kv() / ws, d = c_.head_dim(), kvl = kv_l * d, fl = c_.ffn / ws;
   LinearOptions lo = o;
   // MLP: dy -> d(act) -> d(up) -> d(n2) -> d(h1) (+ residual).
-  lo.label = "mlp.down";
-  Tensor dact = down_->backward(dy, lo);
+  Tensor dact;
+  {
+    Segment seg(rank, "bwd mlp.down");
+    lo.label = "mlp.down";
+    dact = down_->backward(dy, lo);
+  }
   Tensor dup = alloc(rank, s->up.shape(), c_.dtype);
-  elementwise(rank, "gelu backward", 3 * dup.nbytes(), [=, up = s->up] {
-    for (std::int64_t i = 0; i < up.numel(); ++i)
-      set(dup, i, at(dact, i) * gelu_grad(at(up, i)));
-  });
+  if (c_.activation == Activation::swiglu) {
+    elementwise(rank, "swiglu backward", 3 * dup.nbytes(), [=, up = s->up] {
+      for (std::int64_t i = 0; i < dact.size(0); ++i)
+        for (std::int64_t j = 0; j < fl; ++j) {
+          const double g = at(up, i * 2 * fl + j), u = at(up, i * 2 * fl + fl + j),
+                       da = at(dact, i * fl + j), sg = sigmoid(g);
+          set(dup, i * 2 * fl + j, da * u * sg * (1 + g * (1 - sg)));
+          set(dup, i * 2 * fl + fl + j, da * g * sg);
+        }
+    });
+  } else {
+    elementwise(rank, "gelu backward", 3 * dup.nbytes(), [=, up = s->up] {
+      for (std::int64_t i = 0; i < up.numel(); ++i)
+        set(dup, i, at(dact, i) * gelu_grad(at(up, i)));
+    });
+  }
   lo.label = "mlp.up";
   Tensor dn2 = up_->backward(dup, lo);
   Tensor dh1 = alloc(rank, dy.shape(), c_.dtype);
   elementwise(rank, "residual grad", 2 * dy.nbytes(), [=] { dh1.copy_from(dy); });
   rmsnorm_backward(rank, s->h1, s->rms2, dn2, dh1);
   // Attention: dh1 -> d(attn) -> dq, dk, dv -> d(qkv) -> d(n1) -> dx (+ residual).
-  lo.label = "attn.out";
-  Tensor dattn = out_->backward(dh1, lo);
-  Tensor dq = alloc(rank, {m, hl}, c_.dtype), dk = alloc(rank, {m, hl}, c_.dtype),
-         dv = alloc(rank, {m, hl}, c_.dtype);
+  Tensor dattn;
+  {
+    Segment seg(rank, "bwd attn.out");
+    lo.label = "attn.out";
+    dattn = out_->backward(dh1, lo);
+  }
+  Tensor dq = alloc(rank, {m, hl}, c_.dtype), dk = alloc(rank, {m, kvl}, c_.dtype),
+         dv = alloc(rank, {m, kvl}, c_.dtype);
   attn::AttentionArgs a;
-  a.shape = {c_.batch, heads_l, heads_l, c_.seq, c_.seq, d};
+  a.shape = {c_.batch, heads_l, kv_l, c_.seq, c_.seq, d};
   a.layout = attn::Layout::sbh;
   a.mask.kind = attn::MaskKind::causal;
   rank.current_stream().launch(
@@ -252,16 +357,21 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
       [=, this] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
-        const Shape sbh{c_.seq, c_.batch, hl};
-        const Tensor delta = attn::attention_delta(aa, s->attn.reshape(sbh), dattn.reshape(sbh));
-        attn::attention_backward(aa, s->q.reshape(sbh), s->k.reshape(sbh), s->v.reshape(sbh),
-                                 dattn.reshape(sbh), s->lse, delta, dq.reshape(sbh),
-                                 dk.reshape(sbh), dv.reshape(sbh));
+        const Shape q_sbh{c_.seq, c_.batch, hl}, kv_sbh{c_.seq, c_.batch, kvl};
+        const Tensor attn = widened(s->attn).reshape(q_sbh), dout = widened(dattn).reshape(q_sbh);
+        const Tensor dq32 = widened(dq), dk32 = widened(dk), dv32 = widened(dv);
+        const Tensor delta = attn::attention_delta(aa, attn, dout);
+        attn::attention_backward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
+                                 widened(s->v).reshape(kv_sbh), dout, s->lse, delta,
+                                 dq32.reshape(q_sbh), dk32.reshape(kv_sbh), dv32.reshape(kv_sbh));
+        narrow_into(dq, dq32);
+        narrow_into(dk, dk32);
+        narrow_into(dv, dv32);
       });
-  Tensor dqkv = alloc(rank, {m, 3 * hl}, c_.dtype);
-  detail::copy_columns(rank, dq, dqkv, 3, 0, true);
-  detail::copy_columns(rank, dk, dqkv, 3, 1, true);
-  detail::copy_columns(rank, dv, dqkv, 3, 2, true);
+  Tensor dqkv = alloc(rank, {m, hl + 2 * kvl}, c_.dtype);
+  detail::copy_columns(rank, dq, dqkv, 0, true);
+  detail::copy_columns(rank, dk, dqkv, hl, true);
+  detail::copy_columns(rank, dv, dqkv, hl + kvl, true);
   lo.label = "attn.qkv";
   Tensor dn1 = qkv_->backward(dqkv, lo);
   Tensor dx = alloc(rank, dh1.shape(), c_.dtype);

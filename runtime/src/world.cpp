@@ -313,6 +313,9 @@ OpRecord& Rank::append_op(int lane, OpSpec&& spec) {
   rec.flops = spec.flops;
   rec.detail = std::move(spec.detail);
   rec.phases = std::move(spec.phases);
+  rec.inner_compute_ns = spec.inner_compute_ns;
+  rec.inner_comm_ns = spec.inner_comm_ns;
+  rec.segment = segment_;
   return rec;
 }
 

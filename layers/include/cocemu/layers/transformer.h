@@ -1,13 +1,17 @@
 #pragma once
-/// A GPT-style transformer layer on a tensor-parallel group, forward and backward:
+/// A GPT/LLaMA-style transformer layer on a tensor-parallel group, forward and backward:
 ///   h1 = x + attn.out(attention(split_heads(attn.qkv(rmsnorm(x)))))
-///   y  = h1 + mlp.down(gelu(mlp.up(rmsnorm(h1))))
+///   y  = h1 + mlp.down(act(mlp.up(rmsnorm(h1))))
 /// with Megatron's sharding (QKV and MLP-up column parallel, attention-out and MLP-down row
-/// parallel, heads split across ranks) and sequence parallelism on or off. The six CoC segments
-/// carry their names in the trace: forward attn.qkv (comm first), attn.out (compute first),
-/// mlp.up (comm first), mlp.down (compute first); backward mlp.down and attn.out (comm first).
-/// Only grad-input matmuls are split; grad-weight matmuls are not. Core attention is the local
-/// causal flash attention of attention/. RMSNorm has no learnable scale here.
+/// parallel, query heads and KV groups split across ranks), GQA (kv_heads < heads), GeLU
+/// (GPT/BLOOM) or SwiGLU (LLaMA: mlp.up produces gate and up halves), and sequence parallelism
+/// on or off. The six CoC segments are named on their ops (Rank::set_segment) and in the trace:
+/// "fwd attn.qkv" (comm first), "fwd attn.out" (compute first), "fwd mlp.up" (comm first),
+/// "fwd mlp.down" (compute first), "bwd mlp.down" and "bwd attn.out" (comm first). Only
+/// grad-input matmuls are split; grad-weight matmuls are not. Core attention is the local causal
+/// flash attention of attention/ (16-bit inputs are widened to f32 for it, as flash kernels
+/// accumulate in f32). RMSNorm has no learnable scale here. In a dry run (WorldOptions::numerics
+/// false) pass `TransformerWeights::shapes`: nothing is allocated or computed, only modeled.
 #include <memory>
 
 #include "cocemu/collectives/group.h"
@@ -15,19 +19,31 @@
 
 namespace cocemu::layers {
 
+enum class Activation : std::uint8_t { gelu, swiglu };
+
 struct TransformerConfig {
   std::int64_t seq = 64, batch = 1, hidden = 64, heads = 4, ffn = 256;
+  std::int64_t kv_heads = 0;  ///< KV groups (GQA); 0 = heads
+  Activation activation = Activation::gelu;
   bool sequence_parallel = true;
   DType dtype = DType::f32;
+
+  std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
+  std::int64_t head_dim() const { return hidden / heads; }
+  /// Output columns of the QKV projection and of MLP-up (SwiGLU doubles it).
+  std::int64_t qkv_width() const { return (heads + 2 * kv()) * head_dim(); }
+  std::int64_t up_width() const { return activation == Activation::swiglu ? 2 * ffn : ffn; }
 };
 
 /// Full (unsharded) weights, as a single-rank model would hold them.
 struct TransformerWeights {
-  Tensor qkv;   ///< [3·hidden, hidden]: rows of q, then k, then v
+  Tensor qkv;   ///< [qkv_width, hidden]: rows of q (heads), then k, then v (kv groups)
   Tensor out;   ///< [hidden, hidden]
-  Tensor up;    ///< [ffn, hidden]
+  Tensor up;    ///< [up_width, hidden]: SwiGLU: gate rows, then up rows
   Tensor down;  ///< [hidden, ffn]
   static TransformerWeights random(const TransformerConfig& c, std::uint64_t seed);
+  /// Shapes only, for dry runs.
+  static TransformerWeights shapes(const TransformerConfig& c);
 };
 
 class TransformerLayer {

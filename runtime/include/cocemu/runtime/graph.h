@@ -55,6 +55,9 @@ struct OpRecord {
   std::string detail;  ///< e.g. the collective algorithm
   /// Named parts of the op (collective rounds, pipeline steps) and their share of the duration.
   std::vector<std::pair<std::string, double>> phases;
+  /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
+  double inner_compute_ns = 0, inner_comm_ns = 0;
+  std::string segment;  ///< the program region it belongs to (Rank::set_segment), or empty
   std::int64_t wall_start_ns = -1;  ///< host wall clock, filled by the stream worker
   std::int64_t wall_end_ns = -1;
 };

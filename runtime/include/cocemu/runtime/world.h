@@ -40,6 +40,8 @@ struct OpSpec {
   std::vector<Rendezvous> rendezvous;  ///< collectives: one key shared by all participants
   std::vector<OpRef> deps;             ///< extra modeled dependencies
   std::vector<std::pair<std::string, double>> phases;
+  /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
+  double inner_compute_ns = 0, inner_comm_ns = 0;
 };
 
 /// A point in a stream's sequence of ops (CUDA's cudaEvent_t after cudaEventRecord).
@@ -130,6 +132,10 @@ class Rank {
 
   /// Records a host-side op (used for launches and host waits); returns its ref.
   OpRef record_host(OpSpec spec);
+  /// Names the program region that the ops recorded from now on belong to (e.g. a CoC segment,
+  /// "fwd mlp.down"); empty for none. Reports group modeled times by it.
+  void set_segment(std::string name) { segment_ = std::move(name); }
+  const std::string& segment() const { return segment_; }
   /// Appends an op record on a lane; used by streams. Not for general use.
   OpRecord& append_op(int lane, OpSpec&& spec);
   RankGraph& graph();
@@ -150,6 +156,7 @@ class Rank {
   WaitScope host_scope_;
   std::unordered_map<std::string, std::uint64_t> sequences_;
   std::unique_ptr<ScopedWaitScope> host_scope_guard_;
+  std::string segment_;
 };
 
 /// Shared state of one run. Ranks reach each other only through it.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what cocemu needs on Debian 12 (if missing), builds it, and runs it.
 #
-#   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu collbench
+#   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu bench
 #   ./bootstrap.sh test   install, build (Release) and run every test with ctest
 #   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime and collectives tests
 #   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every test
@@ -39,7 +39,7 @@ case "${1:-}" in
     deps
     build build
     shift
-    ./build/bench/cocemu collbench "$@"
+    ./build/bench/cocemu bench --json cocemu-bench-out/bench.json "$@"
     ;;
   test)
     deps

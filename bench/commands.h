@@ -10,5 +10,11 @@ void add_collbench(CLI::App& app);
 void add_attention(CLI::App& app);
 /// Registers `cocemu mlpbench` on `app`.
 void add_mlpbench(CLI::App& app);
+/// Registers `cocemu bench` (the main job) on `app`.
+void add_bench(CLI::App& app);
+/// Registers `cocemu tune` on `app`.
+void add_tune(CLI::App& app);
+/// Registers `cocemu validate` on `app`.
+void add_validate(CLI::App& app);
 
 }  // namespace cocemu::cli

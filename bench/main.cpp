@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
       "cocemu: emulate an N-rank accelerator node on this computer (real numerics, "
       "modeled device time)"};
   app.require_subcommand(1);
+  cocemu::cli::add_bench(app);
+  cocemu::cli::add_tune(app);
+  cocemu::cli::add_validate(app);
   cocemu::cli::add_collbench(app);
   cocemu::cli::add_attention(app);
   cocemu::cli::add_mlpbench(app);

@@ -29,6 +29,14 @@ LinearOptions options_for(const CocConfig& c, std::int64_t m, std::int64_t k, st
 
 namespace {
 
+/// `o`, or with a per-shape config what it picks for this op's [m, k, n] (the label is kept).
+LinearOptions resolve(const LinearOptions& o, std::int64_t m, std::int64_t k, std::int64_t n) {
+  if (!o.per_shape) return o;
+  LinearOptions r = options_for(*o.per_shape, m, k, n);
+  r.label = o.label;
+  return r;
+}
+
 /// The chunk count a script strategy really uses: the largest of {8, 4, 2, 1} not above the
 /// requested P that divides `rows`.
 int effective_chunks(int requested, std::int64_t rows) {
@@ -118,7 +126,7 @@ ColumnParallelLinear::ColumnParallelLinear(Group& tp, Tensor weight, Tensor bias
   if (bias_.defined()) bias_grad_ = alloc(r, bias_.shape(), DType::f32);
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o) {
+Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o_in) {
   Rank& rank = tp_.owner();
   const int ws = tp_.size();
   const std::int64_t k = weight_.size(1), nl = weight_.size(0);
@@ -126,6 +134,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o) {
                    "ColumnParallelLinear::forward on rank {}: x {} must be [m, {}] of {}",
                    rank.id(), x.describe(), k, name_of(weight_.dtype()));
   const std::int64_t m = sp_ ? x.size(0) * ws : x.size(0);
+  const LinearOptions o = resolve(o_in, m, k, nl);
   Tensor y = alloc(rank, {m, nl}, x.dtype());
   if (!sp_) {
     matmul(rank, name(o, "column fwd matmul"), x, false, weight_, true, y, o.weight_transposed);
@@ -146,7 +155,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o) {
   return wide;
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& o) {
+Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& o_in) {
   Rank& rank = tp_.owner();
   const int ws = tp_.size();
   COCEMU_CHECK_ARG(saved_input_.defined(),
@@ -161,13 +170,16 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   COCEMU_CHECK_ARG(dy.ndim() == 2 && dy.size(1) == nl,
                    "ColumnParallelLinear::backward on rank {}: dy {} must be [m, {}]", rank.id(),
                    dy.describe(), nl);
+  const LinearOptions o = resolve(o_in, m, nl, k);
   Tensor dx_full = alloc(rank, {m, k}, dy.dtype());
   Tensor x_full = saved_input_;
+  // As Megatron's LinearWithGradAccumulationAndAsyncCommunication, in every strategy: the input
+  // re-gather and the grad-input reduction run async, overlapping the weight-gradient GEMM.
   Work gather_work;
   if (sp_ && !saved_is_gathered_) {  // recompute_all_gather: re-gather the input (async)
     x_full = alloc(rank, {m, k}, dy.dtype());
     gather_work = all_gather(tp_, x_full, saved_input_,
-                             {.async_op = o.strategy != Strategy::serial,
+                             {.async_op = true,
                               .label = " " + name(o, "column bwd re-gather")});
   }
   Tensor dx;
@@ -175,7 +187,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
     Work w = all_reduce(
         tp_, dx_full,
-        {.async_op = o.strategy != Strategy::serial, .label = " " + name(o, "column bwd")});
+        {.async_op = true, .label = " " + name(o, "column bwd")});
     dx = dx_full;
     gather_work = w;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
@@ -187,7 +199,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
     dx = alloc(rank, {m / ws, k}, dy.dtype());
     gather_work = reduce_scatter(
         tp_, dx, dx_full,
-        {.async_op = o.strategy != Strategy::serial, .label = " " + name(o, "column bwd")});
+        {.async_op = true, .label = " " + name(o, "column bwd")});
   }
   // Weight gradient (not split), overlapping the grad-input communication.
   if (sp_ && !saved_is_gathered_) gather_work.wait();
@@ -225,7 +237,7 @@ RowParallelLinear::RowParallelLinear(Group& tp, Tensor weight, Tensor bias, bool
   if (bias_.defined()) bias_grad_ = alloc(r, bias_.shape(), DType::f32);
 }
 
-Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
+Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in) {
   Rank& rank = tp_.owner();
   const int ws = tp_.size();
   const std::int64_t n = weight_.size(0), kl = weight_.size(1);
@@ -242,6 +254,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
                    x.describe(), kl, name_of(weight_.dtype()));
   saved_input_ = x;
   const std::int64_t m = x.size(0);
+  const LinearOptions o = resolve(o_in, m, kl, n);
   const FusedOptions fo = fused_options(o, rank);
   if (!sp_) {
     Tensor y = alloc(rank, {m, n}, x.dtype());
@@ -303,7 +316,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o) {
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o) {
+Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o_in) {
   Rank& rank = tp_.owner();
   const int ws = tp_.size();
   COCEMU_CHECK_ARG(saved_input_.defined(), "RowParallelLinear::backward on rank {} before forward",
@@ -312,6 +325,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o) {
   COCEMU_CHECK_ARG(dy.ndim() == 2 && dy.size(1) == n && dy.size(0) == (sp_ ? m / ws : m),
                    "RowParallelLinear::backward on rank {}: dy {} must be [{}, {}]", rank.id(),
                    dy.describe(), sp_ ? m / ws : m, n);
+  const LinearOptions o = resolve(o_in, m, n, kl);
   Tensor dx = alloc(rank, {m, kl}, dy.dtype());
   Tensor dy_full = dy;
   if (!sp_) {

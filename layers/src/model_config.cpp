@@ -23,6 +23,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   m.micro_batch_size = top.integer("micro_batch_size", 1, 1 << 16);
   m.tensor_model_parallel_size = int(top.integer("tensor_model_parallel_size", 1, 64));
   m.sequence_parallel = top.boolean("sequence_parallel");
+  m.swiglu = top.boolean_or("swiglu", false);
   top.finish();
   const int tp = m.tensor_model_parallel_size;
   COCEMU_CHECK(m.hidden_size % m.num_attention_heads == 0, Errc::parse_error,
@@ -31,10 +32,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   COCEMU_CHECK(m.num_attention_heads % m.num_query_groups == 0, Errc::parse_error,
                "{}: num_attention_heads {} must be divisible by num_query_groups {}", top.where(),
                m.num_attention_heads, m.num_query_groups);
-  COCEMU_CHECK(m.num_attention_heads % tp == 0 && m.ffn_hidden_size % tp == 0, Errc::parse_error,
-               "{}: num_attention_heads {} and ffn_hidden_size {} must be divisible by "
-               "tensor_model_parallel_size {}",
-               top.where(), m.num_attention_heads, m.ffn_hidden_size, tp);
+  COCEMU_CHECK(m.num_attention_heads % tp == 0 && m.num_query_groups % tp == 0 &&
+                   m.ffn_hidden_size % tp == 0,
+               Errc::parse_error,
+               "{}: num_attention_heads {}, num_query_groups {} and ffn_hidden_size {} must be "
+               "divisible by tensor_model_parallel_size {}",
+               top.where(), m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, tp);
   COCEMU_CHECK(!m.sequence_parallel || (m.seq_length * m.micro_batch_size) % tp == 0,
                Errc::parse_error,
                "{}: with sequence_parallel, seq_length × micro_batch_size = {} must be divisible "

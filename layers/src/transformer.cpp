@@ -239,7 +239,8 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   rank.current_stream().launch(
       {.name = fmt::format("core attention fwd {}x{}", c_.seq, c_.seq),
        .cls = OpClass::compute,
-       .work_ns = gemm_ns(rank.profile(), c_.seq, c_.seq, d, c_.dtype) * double(c_.batch * heads_l),
+       .work_ns =
+           attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d, c_.dtype, 0.5),
        .flops = std::uint64_t(flops)},
       [=, this] {
         attn::AttentionArgs aa = a;
@@ -352,8 +353,8 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
   rank.current_stream().launch(
       {.name = fmt::format("core attention bwd {}x{}", c_.seq, c_.seq),
        .cls = OpClass::compute,
-       .work_ns =
-           2.5 * gemm_ns(rank.profile(), c_.seq, c_.seq, d, c_.dtype) * double(c_.batch * heads_l)},
+       .work_ns = 2.5 * attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
+                                     c_.dtype, 0.5)},
       [=, this] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;

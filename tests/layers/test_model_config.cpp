@@ -20,13 +20,15 @@ TEST(ModelConfig, ShippedModelsLoadWithPublishedShapes) {
   EXPECT_EQ(g.hidden_size, 12288);
   EXPECT_EQ(g.seq_length, 2048);
   EXPECT_TRUE(g.sequence_parallel);
+  EXPECT_TRUE(l70.swiglu);
+  EXPECT_FALSE(g.swiglu);
 }
 
 TEST(ModelConfig, StrictParsingAndShapeRules) {
   const std::string ok =
       "name: t\nhidden_size: 64\nnum_attention_heads: 8\nnum_query_groups: 2\n"
       "ffn_hidden_size: 256\nnum_layers: 2\nseq_length: 128\nmicro_batch_size: 1\n"
-      "tensor_model_parallel_size: 4\nsequence_parallel: true\n";
+      "tensor_model_parallel_size: 2\nsequence_parallel: true\n";
   EXPECT_EQ(parse_model_config(ok, "ok.yaml").num_query_groups, 2);
   cocemu::testing::expect_error([&] { parse_model_config(ok + "dropout: 0.1\n", "u.yaml"); },
                                 Errc::parse_error, {"u.yaml:", "unknown key 'dropout'"});
@@ -35,9 +37,13 @@ TEST(ModelConfig, StrictParsingAndShapeRules) {
   cocemu::testing::expect_error([&] { parse_model_config(bad, "g.yaml"); }, Errc::parse_error,
                                 {"g.yaml", "num_attention_heads 8", "num_query_groups 3"});
   bad = ok;
-  bad.replace(bad.find("tensor_model_parallel_size: 4"), 29, "tensor_model_parallel_size: 3");
+  bad.replace(bad.find("tensor_model_parallel_size: 2"), 29, "tensor_model_parallel_size: 3");
   cocemu::testing::expect_error([&] { parse_model_config(bad, "t.yaml"); }, Errc::parse_error,
                                 {"t.yaml", "tensor_model_parallel_size 3"});
+  bad = ok;  // Megatron: the KV groups are split across TP ranks too
+  bad.replace(bad.find("tensor_model_parallel_size: 2"), 29, "tensor_model_parallel_size: 4");
+  cocemu::testing::expect_error([&] { parse_model_config(bad, "k.yaml"); }, Errc::parse_error,
+                                {"k.yaml", "num_query_groups 2", "tensor_model_parallel_size 4"});
   cocemu::testing::expect_error([] { load_model_config("no-such-model"); }, Errc::invalid_argument,
                                 {"no-such-model.yaml"});
 }

@@ -19,6 +19,7 @@
 /// largest P' in {8, 4, 2, 1} not above P that divides it (identical results; the trace name
 /// shows the P actually used).
 #include <cstdint>
+#include <memory>
 
 #include "cocemu/collectives/group.h"
 #include "cocemu/layers/coc_config.h"
@@ -35,6 +36,10 @@ struct LinearOptions {
   bool enable_coc_in_column_backward = false;
   bool weight_transposed = false;  ///< matmul_soc_friendly made the weight column-major (pricing)
   std::string label;               ///< trace name prefix, e.g. "mlp.up"
+  /// If set, every op takes its options from this config for its own [m, k, n] (m as MindSpeed
+  /// counts it: gathered for the SP column forward and row backward; k and n of the local GEMM,
+  /// for the backward its grad-input product), as MindSpeed's get_parallel_num does.
+  std::shared_ptr<const CocConfig> per_shape;
 };
 
 /// Strategy options for one op from a CoC config (MindSpeed's get_parallel_num).

@@ -22,6 +22,12 @@ double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, s
 /// Modeled time of a GEMM: the larger of its compute time and its memory time, at least the
 /// shortest kernel.
 double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
+/// A flash-attention pass over `heads` heads (QKᵀ and PV fused in one kernel, scores never
+/// written to memory): 4·s_q·s_k·d·visible FLOPs per head at the efficiency of one [s_q, d]·[d,
+/// s_k] GEMM, against the memory time of Q, K, V and O. `visible` is the fraction of (query, key)
+/// pairs computed (0.5 for a causal mask).
+double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
+                    std::int64_t d, DType dtype, double visible = 1.0);
 /// Modeled time of a memory-bound kernel moving `bytes` (reads plus writes).
 double memory_ns(const DeviceProfile& p, std::uint64_t bytes);
 double launch_ns(const DeviceProfile& p, LaunchKind kind);

@@ -1,0 +1,110 @@
+// `cocemu bench`: the main job — a transformer layer's CoC segments under every strategy.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "cocemu/bench/layer_bench.h"
+#include "cocemu/layers/coc_config.h"
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/profile.h"
+#include "cocemu/runtime/trace.h"
+#include "commands.h"
+
+namespace cocemu::cli {
+
+namespace {
+
+struct BenchOpts {
+  std::string model, profile = "ascend-910b", coc_config, out_dir = "cocemu-bench-out", json;
+  bool dry_run = false, no_progress = false;
+  int repeats = 3;
+};
+
+/// "script P=4" -> "script-p4": a file-name-safe form of a strategy name.
+std::string slug(const std::string& name) {
+  std::string s;
+  for (char ch : name) {
+    if (std::isalnum(static_cast<unsigned char>(ch)))
+      s += char(std::tolower(static_cast<unsigned char>(ch)));
+    else if (ch == ' ' && !s.empty() && s.back() != '-')
+      s += '-';
+  }
+  return s;
+}
+
+/// A one-line progress bar on stderr, redrawn in place (only on a terminal).
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO)) {}
+  void operator()(int done, int total, const std::string& what) const {
+    if (!enabled_) return;
+    constexpr int kWidth = 30;
+    const int filled = total ? done * kWidth / total : kWidth;
+    std::fprintf(stderr, "\r[%s%s] %d/%d %-40s", std::string(std::size_t(filled), '#').c_str(),
+                 std::string(std::size_t(kWidth - filled), '.').c_str(), done, total, what.c_str());
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+};
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOpts>();
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "the main job: serial vs script P=2/4/8 vs fused CoC on a transformer layer's six CoC "
+      "segments (modeled and wall time, exposed comm, bitwise check, overlap verdicts)");
+  sub->add_option("--model", o->model,
+                  "model config (name under configs/models/ or a path); default: a LLaMA-style "
+                  "layer sized for a real-numerics run on a laptop");
+  sub->add_option("--profile", o->profile, "device profile (name under configs/devices/ or path)")
+      ->capture_default_str();
+  sub->add_flag("--dry-run", o->dry_run,
+                "shapes only: model full-size layers in seconds, numerics skipped");
+  sub->add_option("--repeats", o->repeats, "real runs per strategy (wall time = median)")
+      ->capture_default_str();
+  sub->add_option("--coc-config", o->coc_config,
+                  "a CoC config (e.g. from `cocemu tune`): its customized_coc adds the 'tuned' "
+                  "strategy, its tiling sets the fused kernels'");
+  sub->add_option("--out-dir", o->out_dir, "where traces, SVG timelines and bench.json go")
+      ->capture_default_str();
+  sub->add_option("--json", o->json, "write the results here (default: OUT_DIR/bench.json)");
+  sub->add_flag("--no-progress", o->no_progress, "no progress bar");
+  sub->callback([o] {
+    bench::BenchConfig c = o->model.empty()
+                               ? bench::default_bench_config()
+                               : bench::bench_config_for(layers::load_model_config(o->model));
+    c.profile = std::make_shared<const DeviceProfile>(load_named_profile(o->profile));
+    c.dry_run = o->dry_run;
+    c.repeats = o->repeats;
+    if (!o->coc_config.empty())
+      c.strategies = bench::default_strategies(layers::load_coc_config(o->coc_config));
+    const bench::BenchResult r = bench::run_bench(c, ProgressBar(!o->no_progress));
+    std::fputs(bench::format_report(r).c_str(), stdout);
+
+    std::filesystem::create_directories(o->out_dir);
+    const std::string json_path = o->json.empty() ? o->out_dir + "/bench.json" : o->json;
+    std::printf("\n# outputs%s\n", c.dry_run ? " (dry run: modeled only)" : "");
+    for (const bench::StrategyResult& s : r.strategies) {
+      const std::string base = o->out_dir + "/" + slug(s.name);
+      write_chrome_trace(s.run, base + ".trace.json");
+      write_svg_timeline(
+          s.run, base + ".svg",
+          fmt::format("cocemu bench: {} — {}{}", c.model, s.name, c.dry_run ? " (dry run)" : ""));
+      std::printf("%-12s trace %s.trace.json  timeline %s.svg\n", s.name.c_str(), base.c_str(),
+                  base.c_str());
+    }
+    std::ofstream f(json_path);
+    COCEMU_CHECK_ARG(f.good(), "bench: cannot write '{}'", json_path);
+    f << bench::to_json(r).dump(2) << "\n";
+    std::printf("results      %s\n", json_path.c_str());
+  });
+}
+
+}  // namespace cocemu::cli

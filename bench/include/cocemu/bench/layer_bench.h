@@ -1,0 +1,108 @@
+#pragma once
+/// `cocemu bench`: a transformer layer's forward+backward under each CoC strategy (serial,
+/// script P=2/4/8, fused, optionally a tuned per-shape config), with modeled and wall times,
+/// communication and exposed communication, bitwise equality with serial, and per CoC segment
+/// MindSpeed's overlap verdict (R-BE-3).
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cocemu/layers/linear.h"
+#include "cocemu/layers/model_config.h"
+#include "cocemu/layers/transformer.h"
+#include "cocemu/runtime/world.h"
+
+namespace cocemu::bench {
+
+struct BenchStrategy {
+  std::string name;  ///< "serial", "script P=4", "fused", "tuned"
+  layers::LinearOptions options;
+};
+
+/// The CoC config bench uses unless given one: MindSpeed's defaults, with fused tiles of 32 rows
+/// × 2 per step (several pipeline steps even for the default layer's 256 local rows).
+layers::CocConfig default_bench_coc();
+/// serial, script P=2/4/8 and fused (tiling from `coc`); plus "tuned" when `coc` has
+/// customized_coc entries (each op then takes its own choice, as MindSpeed's get_parallel_num).
+std::vector<BenchStrategy> default_strategies(const layers::CocConfig& coc = default_bench_coc());
+
+struct BenchConfig {
+  std::string model = "llama-style default";  ///< shown in reports
+  layers::TransformerConfig layer;
+  int tp = 8;
+  std::shared_ptr<const DeviceProfile> profile;  ///< empty: ascend-910b
+  bool dry_run = false;                          ///< shapes only: modeled times, no numerics
+  int repeats = 3;                               ///< real runs per strategy (median wall time)
+  std::vector<BenchStrategy> strategies = default_strategies();
+};
+
+/// The default: a LLaMA-style layer (SwiGLU, GQA) at TP=8, bf16, sized so that every strategy's
+/// real-numerics run takes seconds on a laptop.
+BenchConfig default_bench_config();
+/// A model config's layer (its shapes, TP and SP), bf16.
+BenchConfig bench_config_for(const layers::ModelConfig& model);
+
+/// One CoC segment of one run, measured on rank 0's modeled timeline.
+struct SegmentStats {
+  std::string name;
+  double span_ns = 0;          ///< first device op start to last device op end
+  double compute_work_ns = 0;  ///< Σ full-speed compute work (GEMMs, reorders; fused: inside)
+  double comm_work_ns = 0;     ///< Σ full-speed link time of its collectives (fused: inside)
+  double comm_time_ns = 0;     ///< modeled link busy time (slowed by contention)
+  double overlap_ns = 0;       ///< time compute and comm ran at once
+  double exposed_comm_ns = 0;  ///< time comm ran while compute did not
+  double host_ns = 0;          ///< host launch time of its ops
+  int gemms = 0;               ///< GEMM launches (split chunks and unsplit GEMMs alike)
+  int fused_steps = 0;         ///< pipeline steps of its fused kernels
+  int device_ops = 0;          ///< compute and comm ops after the first of each lane
+  int host_gated = 0;          ///< of those, ops whose start waited for their host launch
+};
+
+/// Groups rank `rank`'s ops by segment (Rank::set_segment), in first-appearance order.
+std::vector<SegmentStats> segment_stats(const RunResult& run, int rank = 0);
+
+/// MindSpeed's criteria for a successful overlap, applied to one segment split vs serial:
+/// 1. after splitting, total matmul time and total comm time are not much larger (≤ 15% more)
+///    — else "matmul too small" or "comm degradation";
+/// 2. from the second chunk on, compute and comm run concurrently — else "host bound" when most
+///    chunk ops waited for their host launch, or "no concurrency";
+/// 3. neither side dominates (comm/compute within 1/4..4) — else "comm dominated" or
+///    "compute dominated";
+/// 4. the segment's total time went down — else "no gain".
+struct Verdict {
+  bool success = false;
+  std::string failed;  ///< the first failed criterion's name; empty on success
+  std::string text;    ///< one line with the figures behind it
+};
+Verdict judge(const SegmentStats& serial, const SegmentStats& split);
+
+struct StrategyResult {
+  std::string name;
+  std::int64_t modeled_ns = 0;               ///< the layer's forward+backward (modeled makespan)
+  double wall_ns = -1;                       ///< median host wall time; -1 in a dry run
+  std::optional<bool> bitwise_equal_serial;  ///< empty in a dry run
+  double comm_ns = 0, exposed_comm_ns = 0;   ///< rank 0, whole layer: link busy, not hidden
+  std::vector<SegmentStats> segments;
+  std::vector<Verdict> verdicts;  ///< per segment against serial (empty for serial)
+  RunResult run;                  ///< the last run (trace)
+};
+
+struct BenchResult {
+  BenchConfig config;
+  std::vector<StrategyResult> strategies;
+};
+
+/// progress(done, total, what) after each run.
+using Progress = std::function<void(int, int, const std::string&)>;
+BenchResult run_bench(const BenchConfig& config, const Progress& progress = {});
+
+/// strategies[] and segments[] as documented in the README.
+nlohmann::json to_json(const BenchResult& result);
+/// The human-readable tables.
+std::string format_report(const BenchResult& result);
+
+}  // namespace cocemu::bench

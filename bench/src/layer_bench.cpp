@@ -1,0 +1,523 @@
+#include "cocemu/bench/layer_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/profile.h"
+
+namespace cocemu::bench {
+
+using layers::Strategy;
+
+layers::CocConfig default_bench_coc() {
+  layers::CocConfig c;
+  c.tile_rows = 32;
+  c.tiles_per_step = 2;
+  return c;
+}
+
+std::vector<BenchStrategy> default_strategies(const layers::CocConfig& coc) {
+  std::vector<BenchStrategy> s{{"serial", {.strategy = Strategy::serial}}};
+  for (int p : {2, 4, 8})
+    s.push_back({fmt::format("script P={}", p), {.strategy = Strategy::script, .parallel_num = p}});
+  s.push_back({"fused",
+               {.strategy = Strategy::fused,
+                .tile_rows = coc.tile_rows,
+                .tiles_per_step = coc.tiles_per_step}});
+  if (!coc.customized_coc.empty()) {
+    layers::LinearOptions tuned;
+    tuned.per_shape = std::make_shared<const layers::CocConfig>(coc);
+    s.push_back({"tuned", tuned});
+  }
+  return s;
+}
+
+BenchConfig default_bench_config() {
+  BenchConfig c;
+  c.layer = {.seq = 2048,
+             .batch = 1,
+             .hidden = 1024,
+             .heads = 16,
+             .ffn = 2816,
+             .kv_heads = 8,
+             .activation = layers::Activation::swiglu,
+             .sequence_parallel = true,
+             .dtype = DType::bf16};
+  return c;
+}
+
+BenchConfig bench_config_for(const layers::ModelConfig& m) {
+  BenchConfig c;
+  c.model = m.name;
+  c.tp = m.tensor_model_parallel_size;
+  c.layer = {.seq = m.seq_length,
+             .batch = m.micro_batch_size,
+             .hidden = m.hidden_size,
+             .heads = m.num_attention_heads,
+             .ffn = m.ffn_hidden_size,
+             .kv_heads = m.num_query_groups,
+             .activation = m.swiglu ? layers::Activation::swiglu : layers::Activation::gelu,
+             .sequence_parallel = m.sequence_parallel,
+             .dtype = DType::bf16};
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeline accounting
+
+namespace {
+
+using Interval = std::pair<std::int64_t, std::int64_t>;
+
+/// Sorted, merged intervals.
+std::vector<Interval> merged(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Interval> out;
+  for (const auto& iv : v) {
+    if (iv.second <= iv.first) continue;
+    if (!out.empty() && iv.first <= out.back().second)
+      out.back().second = std::max(out.back().second, iv.second);
+    else
+      out.push_back(iv);
+  }
+  return out;
+}
+
+double length(const std::vector<Interval>& v) {
+  double s = 0;
+  for (const auto& [a, b] : v)
+    s += double(b - a);
+  return s;
+}
+
+/// Total length of the intersection of two merged interval lists.
+double intersection(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  double s = 0;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const std::int64_t lo = std::max(a[i].first, b[j].first),
+                       hi = std::min(a[i].second, b[j].second);
+    if (hi > lo) s += double(hi - lo);
+    (a[i].second < b[j].second ? i : j)++;
+  }
+  return s;
+}
+
+bool on_device(const OpRecord& op) {
+  return op.lane > 0 &&
+         (op.cls == OpClass::compute || op.cls == OpClass::comm || op.cls == OpClass::fused);
+}
+
+/// Accumulates a set of ops into SegmentStats.
+struct Accumulator {
+  std::vector<Interval> compute, comm;
+  double fused_overlap = 0, fused_exposed = 0, fused_comm = 0;
+  SegmentStats s;
+  std::int64_t first = -1, last = 0;
+
+  void add(const OpRecord& op, const ScheduledOp& t) {
+    if (op.cls == OpClass::host) {
+      s.host_ns += double(t.end_ns - t.start_ns);
+      return;
+    }
+    if (!on_device(op)) return;
+    first = first < 0 ? t.start_ns : std::min(first, t.start_ns);
+    last = std::max(last, t.end_ns);
+    const double dur = double(t.end_ns - t.start_ns);
+    if (op.cls == OpClass::comm) {
+      comm.push_back({t.start_ns, t.end_ns});
+      s.comm_work_ns += op.work_ns;
+    } else if (op.cls == OpClass::compute) {
+      compute.push_back({t.start_ns, t.end_ns});
+      s.compute_work_ns += op.work_ns;
+      if (op.flops > 0) ++s.gemms;
+    } else {  // fused: a pipeline of compute and comm inside one op
+      compute.push_back({t.start_ns, t.end_ns});
+      s.compute_work_ns += op.inner_compute_ns;
+      s.comm_work_ns += op.inner_comm_ns;
+      fused_overlap += std::max(0.0, op.inner_compute_ns + op.inner_comm_ns - dur);
+      fused_exposed += std::max(0.0, dur - op.inner_compute_ns);
+      fused_comm += op.inner_comm_ns;
+      s.fused_steps += int(std::max<std::size_t>(op.phases.size(), 2) - 1);
+    }
+  }
+
+  SegmentStats finish() {
+    const auto c = merged(compute), m = merged(comm);
+    const double both = intersection(c, m);
+    s.overlap_ns = both + fused_overlap;
+    s.exposed_comm_ns = length(m) - both + fused_exposed;
+    s.comm_time_ns = length(m) + fused_comm;
+    s.span_ns = first < 0 ? 0 : double(last - first);
+    return s;
+  }
+};
+
+/// The host op that launched `op`, if any.
+const OpRecord* host_launch(const ModelGraph& g, const OpRecord& op) {
+  for (const OpRef& d : op.deps)
+    if (d.rank == op.rank && g.op(d).cls == OpClass::host) return &g.op(d);
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<SegmentStats> segment_stats(const RunResult& run, int rank) {
+  COCEMU_CHECK_ARG(rank >= 0 && rank < int(run.graph.ranks.size()),
+                   "segment_stats: rank {} out of range 0..{}", rank,
+                   int(run.graph.ranks.size()) - 1);
+  std::vector<std::string> order;
+  std::map<std::string, Accumulator> acc;
+  std::map<std::pair<std::string, int>, bool> lane_seen;  // (segment, lane): first op seen
+  std::map<int, std::int64_t> lane_end;                   // last modeled end per lane
+  const auto& ops = run.graph.ranks[std::size_t(rank)].ops;
+  for (const OpRecord& op : ops) {
+    const ScheduledOp& t = run.timeline.at({rank, op.index});
+    if (!op.segment.empty()) {
+      auto [it, fresh] = acc.try_emplace(op.segment);
+      if (fresh) {
+        order.push_back(op.segment);
+        it->second.s.name = op.segment;
+      }
+      it->second.add(op, t);
+      if (on_device(op)) {
+        bool& seen = lane_seen[{op.segment, op.lane}];
+        if (seen) {
+          ++it->second.s.device_ops;
+          // Waited for the host: the lane was idle and the op began when its launch ended.
+          const OpRecord* h = host_launch(run.graph, op);
+          if (h) {
+            const ScheduledOp& ht = run.timeline.at({rank, h->index});
+            if (ht.end_ns == t.start_ns && lane_end[op.lane] < t.start_ns)
+              ++it->second.s.host_gated;
+          }
+        }
+        seen = true;
+      }
+    }
+    if (op.lane > 0) lane_end[op.lane] = std::max(lane_end[op.lane], t.end_ns);
+  }
+  std::vector<SegmentStats> out;
+  for (const auto& name : order)
+    out.push_back(acc[name].finish());
+  return out;
+}
+
+Verdict judge(const SegmentStats& serial, const SegmentStats& split) {
+  constexpr double kTolerance = 0.15, kDominance = 4.0;
+  auto us = [](double ns) { return ns / 1e3; };
+  // Chunks of the split product: pipeline steps, or the GEMM launches beyond serial's.
+  const int chunks = split.fused_steps > 0 ? split.fused_steps : split.gemms - serial.gemms + 1;
+  if (chunks <= 1)
+    return {false, "not split", "runs as one GEMM and one collective (nothing to overlap)"};
+  if (split.device_ops >= 2 && 2 * split.host_gated >= split.device_ops)
+    return {false, "host bound",
+            fmt::format("host bound: {} of {} chunk ops waited for their host launch ({:.1f} us "
+                        "of launches for {:.1f} us of compute)",
+                        split.host_gated, split.device_ops, us(split.host_ns),
+                        us(split.compute_work_ns))};
+  if (split.compute_work_ns > (1 + kTolerance) * serial.compute_work_ns)
+    return {false, "matmul too small",
+            fmt::format("matmul too small: split compute takes {:.2f}x the unsplit ({:.1f} vs "
+                        "{:.1f} us)",
+                        split.compute_work_ns / serial.compute_work_ns, us(split.compute_work_ns),
+                        us(serial.compute_work_ns))};
+  if (split.comm_work_ns > (1 + kTolerance) * serial.comm_work_ns)
+    return {false, "comm degradation",
+            fmt::format("comm degradation: split comm takes {:.2f}x the unsplit ({:.1f} vs "
+                        "{:.1f} us)",
+                        split.comm_work_ns / serial.comm_work_ns, us(split.comm_work_ns),
+                        us(serial.comm_work_ns))};
+  if (split.comm_work_ns > kDominance * split.compute_work_ns)
+    return {false, "comm dominated",
+            fmt::format("comm dominated: comm {:.1f} us is {:.1f}x the compute {:.1f} us",
+                        us(split.comm_work_ns), split.comm_work_ns / split.compute_work_ns,
+                        us(split.compute_work_ns))};
+  if (split.compute_work_ns > kDominance * split.comm_work_ns)
+    return {false, "compute dominated",
+            fmt::format("compute dominated: compute {:.1f} us is {:.1f}x the comm {:.1f} us",
+                        us(split.compute_work_ns), split.compute_work_ns / split.comm_work_ns,
+                        us(split.comm_work_ns))};
+  const double possible =
+      std::min(split.compute_work_ns, split.comm_work_ns) * double(chunks - 1) / double(chunks);
+  if (split.overlap_ns < 0.5 * possible)
+    return {false, "no concurrency",
+            fmt::format("no concurrency: compute and comm overlapped {:.1f} us of a possible "
+                        "{:.1f} us",
+                        us(split.overlap_ns), us(possible))};
+  if (split.span_ns >= serial.span_ns)
+    return {false, "no gain",
+            fmt::format("no gain: {:.1f} us vs {:.1f} us serial", us(split.span_ns),
+                        us(serial.span_ns))};
+  return {true, "",
+          fmt::format("overlap succeeded: {:.1f} -> {:.1f} us ({:+.1f}%), {:.1f} us overlapped",
+                      us(serial.span_ns), us(split.span_ns),
+                      100.0 * (split.span_ns / serial.span_ns - 1), us(split.overlap_ns))};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Tensor random_rows(std::int64_t m, std::int64_t h, DType t, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0, 1);
+  Tensor f = Tensor::zeros({m, h}, DType::f32);
+  for (std::int64_t i = 0; i < f.numel(); ++i)
+    f.data<float>()[i] = d(rng);
+  return t == DType::f32 ? f : f.to(t);
+}
+
+/// Whole-layer comm and exposed comm on rank 0.
+std::pair<double, double> layer_comm(const RunResult& run) {
+  Accumulator a;
+  for (const OpRecord& op : run.graph.ranks[0].ops)
+    if (op.segment != "setup") a.add(op, run.timeline.at({0, op.index}));
+  const SegmentStats s = a.finish();
+  return {s.comm_time_ns, s.exposed_comm_ns};
+}
+
+/// End of the setup barrier (the same on every rank): the layer's modeled time starts there.
+std::int64_t setup_end(const RunResult& run) {
+  std::int64_t end = 0;
+  for (const OpRecord& op : run.graph.ranks[0].ops)
+    if (op.segment == "setup") end = std::max(end, run.timeline.at({0, op.index}).end_ns);
+  return end;
+}
+
+}  // namespace
+
+BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
+  COCEMU_CHECK_ARG(c.tp >= 1 && c.tp <= 64, "bench: tp = {} must be in 1..64", c.tp);
+  COCEMU_CHECK_ARG(c.repeats >= 1, "bench: repeats = {} must be >= 1", c.repeats);
+  COCEMU_CHECK_ARG(!c.strategies.empty() && c.strategies[0].options.strategy == Strategy::serial &&
+                       !c.strategies[0].options.per_shape,
+                   "bench: the first strategy must be serial (the baseline); got '{}'",
+                   c.strategies.empty() ? "<none>" : c.strategies[0].name);
+  BenchResult result{c, {}};
+  auto profile = c.profile
+                     ? c.profile
+                     : std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+  result.config.profile = profile;
+  const layers::TransformerConfig& lc = c.layer;
+  const std::int64_t m = lc.seq * lc.batch, ml = lc.sequence_parallel ? m / c.tp : m;
+  const layers::TransformerWeights weights = c.dry_run ? layers::TransformerWeights::shapes(lc)
+                                                       : layers::TransformerWeights::random(lc, 7);
+  const Tensor x = c.dry_run ? Tensor::shape_only({m, lc.hidden}, lc.dtype)
+                             : random_rows(m, lc.hidden, lc.dtype, 1);
+  const Tensor dy = c.dry_run ? Tensor::shape_only({m, lc.hidden}, lc.dtype)
+                              : random_rows(m, lc.hidden, lc.dtype, 2);
+  const int runs = c.dry_run ? 1 : c.repeats;
+  const int total = int(c.strategies.size()) * runs;
+  int done = 0;
+  std::vector<std::vector<std::byte>> serial_bits;
+  for (const BenchStrategy& st : c.strategies) {
+    StrategyResult sr;
+    sr.name = st.name;
+    std::vector<double> walls;
+    std::vector<std::vector<std::byte>> bits(std::size_t(c.tp));
+    for (int rep = 0; rep < runs; ++rep) {
+      WorldOptions wo;
+      wo.n_ranks = c.tp;
+      wo.profile = profile;
+      wo.numerics = !c.dry_run;
+      wo.deterministic = true;
+      wo.record_wall_times = false;
+      std::vector<double> per_rank(std::size_t(c.tp));
+      std::mutex mu;
+      sr.run = run(wo, [&](Rank& rank) {
+        Group tp = Group::world(rank);
+        layers::TransformerLayer layer(tp, lc, weights);
+        const std::int64_t r0 = lc.sequence_parallel ? rank.id() * ml : 0;
+        const Tensor xr =
+            c.dry_run ? Tensor::shape_only({ml, lc.hidden}, lc.dtype) : x.rows(r0, r0 + ml).clone();
+        const Tensor dyr = c.dry_run ? Tensor::shape_only({ml, lc.hidden}, lc.dtype)
+                                     : dy.rows(r0, r0 + ml).clone();
+        rank.set_segment("setup");
+        barrier(tp).synchronize();
+        rank.set_segment("");
+        const auto t0 = std::chrono::steady_clock::now();
+        const Tensor y = layer.forward(xr, st.options);
+        const Tensor dx = layer.backward(dyr, st.options);
+        rank.synchronize();
+        per_rank[std::size_t(rank.id())] = double((std::chrono::steady_clock::now() - t0).count());
+        if (rep == 0 && !c.dry_run) {
+          std::vector<std::byte> b;
+          for (const Tensor* t : {&y, &dx, &layer.qkv().main_grad(), &layer.attn_out().main_grad(),
+                                  &layer.mlp_up().main_grad(), &layer.mlp_down().main_grad()}) {
+            const auto* p = static_cast<const std::byte*>(t->raw());
+            b.insert(b.end(), p, p + t->nbytes());
+          }
+          std::lock_guard lock(mu);
+          bits[std::size_t(rank.id())] = std::move(b);
+        }
+      });
+      walls.push_back(*std::max_element(per_rank.begin(), per_rank.end()));
+      if (progress) progress(++done, total, fmt::format("{} run {}/{}", st.name, rep + 1, runs));
+    }
+    sr.modeled_ns = sr.run.timeline.makespan_ns() - setup_end(sr.run);
+    if (!c.dry_run) {
+      sr.wall_ns = median(walls);
+      if (result.strategies.empty()) serial_bits = bits;
+      sr.bitwise_equal_serial = bits == serial_bits;
+    }
+    std::tie(sr.comm_ns, sr.exposed_comm_ns) = layer_comm(sr.run);
+    for (SegmentStats& s : segment_stats(sr.run, 0))
+      if (s.name != "setup") sr.segments.push_back(std::move(s));
+    if (!result.strategies.empty()) {
+      const auto& serial = result.strategies[0].segments;
+      for (const SegmentStats& s : sr.segments) {
+        auto it = std::find_if(serial.begin(), serial.end(),
+                               [&](const SegmentStats& t) { return t.name == s.name; });
+        sr.verdicts.push_back(it == serial.end()
+                                  ? Verdict{false, "no baseline", "serial has no such segment"}
+                                  : judge(*it, s));
+      }
+    }
+    result.strategies.push_back(std::move(sr));
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reports
+
+namespace {
+
+std::string describe(const BenchConfig& c) {
+  const auto& l = c.layer;
+  return fmt::format(
+      "{}: hidden {}, heads {} (KV groups {}), FFN {} ({}), seq {} x batch {}, TP={}{}, {}, "
+      "profile {}",
+      c.model, l.hidden, l.heads, l.kv(), l.ffn,
+      l.activation == layers::Activation::swiglu ? "SwiGLU" : "GeLU", l.seq, l.batch, c.tp,
+      l.sequence_parallel ? " with SP" : "", name_of(l.dtype), c.profile ? c.profile->name : "?");
+}
+
+/// Index of the non-serial strategy with the shortest span for segment `seg`.
+int best_for_segment(const BenchResult& r, std::size_t seg) {
+  int best = -1;
+  for (std::size_t i = 1; i < r.strategies.size(); ++i)
+    if (seg < r.strategies[i].segments.size() &&
+        (best < 0 || r.strategies[i].segments[seg].span_ns <
+                         r.strategies[std::size_t(best)].segments[seg].span_ns))
+      best = int(i);
+  return best;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const BenchResult& r) {
+  const bool dry = r.config.dry_run;
+  nlohmann::json j;
+  j["dry_run"] = dry;
+  if (dry) j["note"] = "dry run: shapes only, numerics skipped; modeled times only";
+  j["model"] = r.config.model;
+  j["config"] = describe(r.config);
+  j["deterministic"] = true;
+  j["repeats"] = dry ? 0 : r.config.repeats;
+  const double serial = double(r.strategies.at(0).modeled_ns);
+  for (const StrategyResult& s : r.strategies) {
+    nlohmann::json e{
+        {"name", s.name},
+        {"modeled_ns", s.modeled_ns},
+        {"speedup_vs_serial", serial / double(std::max<std::int64_t>(1, s.modeled_ns))},
+        {"comm_ns", s.comm_ns},
+        {"exposed_comm_ns", s.exposed_comm_ns}};
+    e["wall_ns"] = dry ? nlohmann::json(nullptr) : nlohmann::json(s.wall_ns);
+    e["bitwise_equal_serial"] =
+        s.bitwise_equal_serial ? nlohmann::json(*s.bitwise_equal_serial) : nlohmann::json(nullptr);
+    j["strategies"].push_back(e);
+  }
+  const auto& base = r.strategies.at(0).segments;
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    nlohmann::json seg{{"name", base[k].name}, {"serial_ns", base[k].span_ns}};
+    for (std::size_t i = 1; i < r.strategies.size(); ++i) {
+      const StrategyResult& s = r.strategies[i];
+      if (k >= s.segments.size()) continue;
+      const SegmentStats& t = s.segments[k];
+      seg["strategies"].push_back({{"name", s.name},
+                                   {"modeled_ns", t.span_ns},
+                                   {"compute_ns", t.compute_work_ns},
+                                   {"comm_ns", t.comm_work_ns},
+                                   {"overlap_ns", t.overlap_ns},
+                                   {"exposed_comm_ns", t.exposed_comm_ns},
+                                   {"host_ns", t.host_ns},
+                                   {"gemms", t.gemms},
+                                   {"fused_steps", t.fused_steps},
+                                   {"success", s.verdicts[k].success},
+                                   {"failed", s.verdicts[k].failed},
+                                   {"verdict", s.verdicts[k].text}});
+    }
+    const int b = best_for_segment(r, k);
+    if (b >= 0) {
+      seg["best_strategy"] = r.strategies[std::size_t(b)].name;
+      seg["verdict"] = r.strategies[std::size_t(b)].verdicts[k].text;
+      seg["success"] = r.strategies[std::size_t(b)].verdicts[k].success;
+    }
+    j["segments"].push_back(seg);
+  }
+  return j;
+}
+
+std::string format_report(const BenchResult& r) {
+  const bool dry = r.config.dry_run;
+  std::string out = fmt::format("# cocemu bench — {}\n", describe(r.config));
+  out += dry ? "# DRY RUN: shapes only, numerics skipped — modeled times only, no wall time, no "
+               "bitwise check\n"
+             : fmt::format(
+                   "# real numerics, deterministic mode; wall = median of {} runs on "
+                   "this host\n",
+                   r.config.repeats);
+  out += "# forward+backward of one layer; modeled on the device profile (rank 0 for comm)\n\n";
+  out += fmt::format("{:<12} {:>12} {:>8} {:>11} {:>12} {:>10} {:>8}\n", "strategy", "modeled us",
+                     "speedup", "comm us", "exposed us", "wall ms", "bitwise");
+  const double serial = double(r.strategies.at(0).modeled_ns);
+  for (const StrategyResult& s : r.strategies)
+    out += fmt::format("{:<12} {:>12.1f} {:>7.2f}x {:>11.1f} {:>12.1f} {:>10} {:>8}\n", s.name,
+                       double(s.modeled_ns) / 1e3,
+                       serial / double(std::max<std::int64_t>(1, s.modeled_ns)), s.comm_ns / 1e3,
+                       s.exposed_comm_ns / 1e3,
+                       dry ? std::string("-") : fmt::format("{:.1f}", s.wall_ns / 1e6),
+                       !s.bitwise_equal_serial ? "-" : (*s.bitwise_equal_serial ? "yes" : "NO"));
+  out += "\n# CoC segments: modeled us (rank 0, first device op to last)\n";
+  out += fmt::format("{:<14}", "segment");
+  for (const StrategyResult& s : r.strategies)
+    out += fmt::format(" {:>11}", s.name);
+  out += "\n";
+  const auto& base = r.strategies.at(0).segments;
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    out += fmt::format("{:<14}", base[k].name);
+    for (const StrategyResult& s : r.strategies)
+      out += k < s.segments.size() ? fmt::format(" {:>11.1f}", s.segments[k].span_ns / 1e3)
+                                   : fmt::format(" {:>11}", "-");
+    out += "\n";
+  }
+  out +=
+      "\n# overlap verdicts (R-BE-3: no matmul/comm degradation, concurrency from the 2nd "
+      "chunk, balance, gain)\n";
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    const int b = best_for_segment(r, k);
+    out += fmt::format("{} (best: {})\n", base[k].name,
+                       b < 0 ? "-" : r.strategies[std::size_t(b)].name);
+    for (std::size_t i = 1; i < r.strategies.size(); ++i)
+      if (k < r.strategies[i].verdicts.size())
+        out += fmt::format("  {:<11} {}\n", r.strategies[i].name, r.strategies[i].verdicts[k].text);
+  }
+  return out;
+}
+
+}  // namespace cocemu::bench

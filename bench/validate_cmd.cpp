@@ -1,0 +1,33 @@
+// `cocemu validate`: the cost model against published measurements.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cocemu/bench/validate.h"
+#include "cocemu/runtime/error.h"
+#include "commands.h"
+
+namespace cocemu::cli {
+
+void add_validate(CLI::App& app) {
+  auto file = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand(
+      "validate",
+      "compare the cost model with published measurements (reference | modeled | delta %)");
+  sub->add_option("--references", *file, "references YAML (default: configs/validation.yaml)");
+  sub->callback([file] {
+    bench::Validation v;
+    if (file->empty()) {
+      v = bench::validate_shipped();
+    } else {
+      std::ifstream f(*file);
+      COCEMU_CHECK_ARG(f.good(), "validate: cannot read '{}'", *file);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      v = bench::validate(ss.str(), *file);
+    }
+    std::fputs(bench::format_validation(v).c_str(), stdout);
+  });
+}
+
+}  // namespace cocemu::cli

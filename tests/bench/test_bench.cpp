@@ -1,0 +1,250 @@
+// `cocemu bench`, `tune` and `validate` (R-BE-1..3): bitwise equality with serial, deterministic
+// dry runs of every model config, MindSpeed's overlap verdicts under profiles built to fail each
+// criterion, tuning that never models slower than the best single P, the validated cost model,
+// and the CLI's outputs (the SVG rendered to PNG).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "cocemu/bench/layer_bench.h"
+#include "cocemu/bench/tune.h"
+#include "cocemu/bench/validate.h"
+#include "cocemu/layers/coc_config.h"
+#include "testing.h"
+
+namespace cocemu::bench {
+namespace {
+
+const char* const kSegments[] = {"fwd attn.qkv", "fwd attn.out", "fwd mlp.up",
+                                 "fwd mlp.down", "bwd mlp.down", "bwd attn.out"};
+
+/// A small LLaMA-style layer on 4 ranks.
+BenchConfig small(std::shared_ptr<const DeviceProfile> profile, bool dry_run) {
+  BenchConfig c;
+  c.model = "small";
+  c.tp = 4;
+  c.layer = {.seq = 128,
+             .batch = 1,
+             .hidden = 128,
+             .heads = 8,
+             .ffn = 192,
+             .kv_heads = 4,
+             .activation = layers::Activation::swiglu,
+             .sequence_parallel = true,
+             .dtype = DType::bf16};
+  c.profile = std::move(profile);
+  c.dry_run = dry_run;
+  c.repeats = 1;
+  layers::CocConfig coc;
+  coc.tile_rows = 8;
+  c.strategies = default_strategies(coc);
+  return c;
+}
+
+const StrategyResult& find(const BenchResult& r, const std::string& name) {
+  for (const auto& s : r.strategies)
+    if (s.name == name) return s;
+  throw std::runtime_error("no strategy " + name);
+}
+
+std::string run_command(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (p && std::fgets(buf.data(), int(buf.size()), p))
+    out += buf.data();
+  *status = p ? pclose(p) : -1;
+  return out;
+}
+
+TEST(Bench, EveryStrategyIsBitwiseEqualToSerialAndTheJsonSaysSo) {
+  // Links as fast as the small GEMMs: comm is worth hiding at this size.
+  const BenchResult r = run_bench(small(
+      testing::round_profile("links: {per_peer_bytes_per_s: 1.0e10, per_rank_bytes_per_s: 1.0e10}"),
+      false));
+  ASSERT_EQ(r.strategies.size(), 5u);
+  const nlohmann::json j = to_json(r);
+  EXPECT_FALSE(j["dry_run"].get<bool>());
+  for (const auto& s : j["strategies"]) {
+    EXPECT_TRUE(s["bitwise_equal_serial"].get<bool>()) << s["name"];
+    EXPECT_GT(s["modeled_ns"].get<double>(), 0);
+    EXPECT_GT(s["wall_ns"].get<double>(), 0);
+    EXPECT_GE(s["exposed_comm_ns"].get<double>(), 0);
+    EXPECT_LE(s["exposed_comm_ns"].get<double>(), s["comm_ns"].get<double>() + 1);
+  }
+  ASSERT_EQ(j["segments"].size(), 6u);
+  for (std::size_t k = 0; k < 6; ++k) {
+    EXPECT_EQ(j["segments"][k]["name"], kSegments[k]);
+    EXPECT_FALSE(j["segments"][k]["verdict"].get<std::string>().empty());
+  }
+  // Script P=4 hides more of its communication than serial does.
+  EXPECT_LT(find(r, "script P=4").exposed_comm_ns / find(r, "script P=4").comm_ns,
+            r.strategies[0].exposed_comm_ns / r.strategies[0].comm_ns);
+}
+
+TEST(Bench, DryRunOfEveryModelIsDeterministicAndCountsNonCocWork) {
+  for (const char* model : {"llama2-7b", "llama2-70b", "bloom-7b", "bloom-176b", "gpt3-175b"}) {
+    BenchConfig c = bench_config_for(layers::load_model_config(model));
+    c.dry_run = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    const BenchResult a = run_bench(c);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const BenchResult b = run_bench(c);
+    EXPECT_EQ(to_json(a).dump(), to_json(b).dump()) << model;
+    EXPECT_FALSE(a.strategies[0].bitwise_equal_serial.has_value());
+    EXPECT_NE(format_report(a).find("DRY RUN"), std::string::npos);
+    EXPECT_NE(to_json(a)["note"].get<std::string>().find("numerics skipped"), std::string::npos);
+    // The layer is more than its CoC segments: attention, norms, activations are modeled too.
+    double segments = 0;
+    for (const SegmentStats& s : a.strategies[0].segments)
+      segments += s.span_ns;
+    EXPECT_GT(double(a.strategies[0].modeled_ns), segments * 1.05) << model;
+    std::printf("[ dry run ] %-11s %.2f s, serial %.1f us per layer\n", model, seconds,
+                double(a.strategies[0].modeled_ns) / 1e3);
+  }
+}
+
+// Each criterion of R-BE-3 fails under a profile built for it.
+TEST(Bench, VerdictsNameTheFailedCriterion) {
+  auto verdicts_of = [](const std::string& overrides, const std::string& strategy) {
+    const BenchResult r = run_bench(small(testing::round_profile(overrides), true));
+    std::vector<Verdict> v = find(r, strategy).verdicts;
+    EXPECT_EQ(v.size(), 6u);
+    return v;
+  };
+  auto count = [](const std::vector<Verdict>& v, const std::string& failed) {
+    return std::count_if(v.begin(), v.end(), [&](const Verdict& x) { return x.failed == failed; });
+  };
+  // Balanced compute and comm, no overheads: the split overlaps.
+  const auto ok = verdicts_of("links: {per_peer_bytes_per_s: 1.0e10, per_rank_bytes_per_s: 1.0e10}",
+                              "script P=4");
+  EXPECT_GE(count(ok, ""), 3) << ok[0].text;
+  // Launching costs far more than the chunks' work: host bound.
+  const auto host = verdicts_of(
+      "{links: {per_peer_bytes_per_s: 1.0e8, per_rank_bytes_per_s: 1.0e8}, host: "
+      "{launch_overhead_ns: 1.0e7, fused_launch_overhead_ns: 1.0e7}}",
+      "script P=4");
+  EXPECT_EQ(count(host, "host bound"), 6) << host[0].text;
+  EXPECT_NE(host[0].text.find("waited for their host launch"), std::string::npos);
+  // GEMMs lose efficiency when split small: matmul too small.
+  const auto small_mm = verdicts_of(
+      "{links: {per_peer_bytes_per_s: 1.0e8, per_rank_bytes_per_s: 1.0e8}, compute: {gemm: "
+      "{max_efficiency: 1.0, half_efficiency_flops: 1.0e9, alignment_bytes: 1, "
+      "unaligned_efficiency: 1.0}}}",
+      "script P=8");
+  EXPECT_GE(count(small_mm, "matmul too small"), 4) << small_mm[0].text;
+  // Every comm step pays a large latency: splitting multiplies it, comm degradation.
+  const auto degrade = verdicts_of(
+      "{links: {per_peer_bytes_per_s: 1.0e8, per_rank_bytes_per_s: 1.0e8}, collectives: {direct: "
+      "{step_latency_ns: 5.0e6, bandwidth_efficiency: 1.0}}}",
+      "script P=4");
+  EXPECT_GE(count(degrade, "comm degradation"), 4) << degrade[0].text;
+}
+
+TEST(Bench, JudgeAppliesTheBalanceAndGainCriteria) {
+  SegmentStats serial{
+      .name = "s", .span_ns = 1000, .compute_work_ns = 500, .comm_work_ns = 500, .gemms = 1};
+  SegmentStats split = serial;
+  split.gemms = 4;
+  split.span_ns = 700;
+  split.overlap_ns = 300;
+  EXPECT_TRUE(judge(serial, split).success) << judge(serial, split).text;
+  SegmentStats slow = split;
+  slow.span_ns = 1100;
+  EXPECT_EQ(judge(serial, slow).failed, "no gain");
+  SegmentStats apart = split;
+  apart.overlap_ns = 10;
+  EXPECT_EQ(judge(serial, apart).failed, "no concurrency");
+  SegmentStats comm_heavy{
+      .name = "s", .span_ns = 1000, .compute_work_ns = 100, .comm_work_ns = 900, .gemms = 1};
+  SegmentStats comm_split = comm_heavy;
+  comm_split.gemms = 4;
+  comm_split.span_ns = 950;
+  EXPECT_EQ(judge(comm_heavy, comm_split).failed, "comm dominated");
+  SegmentStats unsplit = serial;
+  EXPECT_EQ(judge(serial, unsplit).failed, "not split");
+}
+
+TEST(Bench, TunedConfigNeverModelsSlowerThanTheBestSingleP) {
+  for (const char* model : {"llama2-7b", "gpt3-175b"}) {
+    BenchConfig c = bench_config_for(layers::load_model_config(model));
+    const TuneResult t = tune(c, default_bench_coc());
+    // Six segments; GeLU models share one shape between fwd mlp.up and bwd mlp.down.
+    EXPECT_EQ(t.choices.size(), std::string(model) == "gpt3-175b" ? 5u : 6u);
+    // The YAML is what the layers and `bench --coc-config` accept.
+    const layers::CocConfig loaded = layers::parse_coc_config(
+        to_yaml(t), "tuned.yaml", [](const std::string&) { return std::optional<std::string>(); });
+    EXPECT_EQ(loaded.customized_coc, t.coc.customized_coc);
+    c.dry_run = true;
+    c.strategies = default_strategies(loaded);
+    ASSERT_EQ(c.strategies.back().name, "tuned");
+    const BenchResult r = run_bench(c);
+    std::int64_t best_single = r.strategies[0].modeled_ns;
+    for (const auto& s : r.strategies)
+      if (s.name != "tuned") best_single = std::min(best_single, s.modeled_ns);
+    EXPECT_LE(find(r, "tuned").modeled_ns, best_single) << model;
+    for (const TuneChoice& ch : t.choices)
+      EXPECT_FALSE(ch.reason.empty()) << ch.key;
+  }
+}
+
+TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
+  const Validation v = validate_shipped();
+  EXPECT_GE(v.rows.size(), 8u);
+  EXPECT_LE(v.mean_abs_delta_pct, 15.0);
+  EXPECT_LE(v.max_abs_delta_pct, 30.0);
+  for (const Reference& r : v.rows) {
+    EXPECT_TRUE(r.source.find("http") != std::string::npos ||
+                r.source.find("arXiv") != std::string::npos)
+        << r.name;
+    EXPECT_GT(r.modeled, 0) << r.name;
+  }
+  testing::expect_error(
+      [] {
+        validate(
+            "references:\n  - {name: x, kind: gemm_tflops, profile: h100-sxm, m: 1, n: 1, "
+            "k: 1, dtype: bf16, value: 1, source: s, extra: 1}\n",
+            "bad.yaml");
+      },
+      Errc::parse_error, {"bad.yaml", "extra"});
+}
+
+TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_bench_cli";
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  const std::string out =
+      run_command(std::string(COCEMU_BINARY) +
+                      " bench --dry-run --model llama2-7b --no-progress --out-dir " + dir,
+                  &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("DRY RUN"), std::string::npos);
+  EXPECT_NE(out.find(dir + "/bench.json"), std::string::npos);
+  for (const char* f : {"serial.trace.json", "script-p4.svg", "fused.svg", "bench.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  std::ifstream j(dir + "/bench.json");
+  const nlohmann::json results = nlohmann::json::parse(j);
+  EXPECT_TRUE(results["dry_run"].get<bool>());
+  EXPECT_EQ(results["strategies"].size(), 5u);
+  if (std::system("command -v rsvg-convert >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "rsvg-convert not installed (bootstrap.sh installs librsvg2-bin)";
+  ASSERT_EQ(std::system(("rsvg-convert -o " + dir + "/p4.png " + dir + "/script-p4.svg").c_str()),
+            0);
+  std::ifstream p(dir + "/p4.png", std::ios::binary);
+  char magic[8] = {};
+  p.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  // A bad model name is a clear error, not a crash.
+  const std::string bad =
+      run_command(std::string(COCEMU_BINARY) + " bench --dry-run --model no-such-model", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad.find("no-such-model"), std::string::npos) << bad;
+}
+
+}  // namespace
+}  // namespace cocemu::bench

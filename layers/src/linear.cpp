@@ -179,15 +179,12 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   if (sp_ && !saved_is_gathered_) {  // recompute_all_gather: re-gather the input (async)
     x_full = alloc(rank, {m, k}, dy.dtype());
     gather_work = all_gather(tp_, x_full, saved_input_,
-                             {.async_op = true,
-                              .label = " " + name(o, "column bwd re-gather")});
+                             {.async_op = true, .label = " " + name(o, "column bwd re-gather")});
   }
   Tensor dx;
   if (!sp_) {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
-    Work w = all_reduce(
-        tp_, dx_full,
-        {.async_op = true, .label = " " + name(o, "column bwd")});
+    Work w = all_reduce(tp_, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
     dx = dx_full;
     gather_work = w;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
@@ -197,9 +194,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   } else {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
     dx = alloc(rank, {m / ws, k}, dy.dtype());
-    gather_work = reduce_scatter(
-        tp_, dx, dx_full,
-        {.async_op = true, .label = " " + name(o, "column bwd")});
+    gather_work =
+        reduce_scatter(tp_, dx, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
   }
   // Weight gradient (not split), overlapping the grad-input communication.
   if (sp_ && !saved_is_gathered_) gather_work.wait();

@@ -77,10 +77,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--json", o->json, "write the results here (default: OUT_DIR/bench.json)");
   sub->add_flag("--no-progress", o->no_progress, "no progress bar");
   sub->callback([o] {
-    bench::BenchConfig c = o->model.empty()
-                               ? bench::default_bench_config()
-                               : bench::bench_config_for(layers::load_model_config(o->model));
-    c.profile = std::make_shared<const DeviceProfile>(load_named_profile(o->profile));
+    bench::BenchConfig c = bench::bench_config(o->model, o->profile);
     c.dry_run = o->dry_run;
     c.repeats = o->repeats;
     if (!o->coc_config.empty())

@@ -25,10 +25,7 @@ void add_tune(CLI::App& app) {
   sub->add_option("--coc-config", o->base, "base CoC config (its other keys and fused tiling)");
   sub->add_option("-o,--out", o->out, "the YAML to write")->capture_default_str();
   sub->callback([o] {
-    bench::BenchConfig c = o->model.empty()
-                               ? bench::default_bench_config()
-                               : bench::bench_config_for(layers::load_model_config(o->model));
-    c.profile = std::make_shared<const DeviceProfile>(load_named_profile(o->profile));
+    bench::BenchConfig c = bench::bench_config(o->model, o->profile);
     const layers::CocConfig base =
         o->base.empty() ? bench::default_bench_coc() : layers::load_coc_config(o->base);
     const bench::TuneResult t = bench::tune(c, base);

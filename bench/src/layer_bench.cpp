@@ -69,6 +69,13 @@ BenchConfig bench_config_for(const layers::ModelConfig& m) {
   return c;
 }
 
+BenchConfig bench_config(const std::string& model, const std::string& profile) {
+  BenchConfig c =
+      model.empty() ? default_bench_config() : bench_config_for(layers::load_model_config(model));
+  c.profile = std::make_shared<const DeviceProfile>(load_named_profile(profile));
+  return c;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Timeline accounting
 

@@ -12,16 +12,6 @@
 namespace cocemu::attn {
 namespace {
 
-std::string run_command(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (p && std::fgets(buf.data(), int(buf.size()), p))
-    out += buf.data();
-  *status = p ? pclose(p) : -1;
-  return out;
-}
-
 TEST(AttentionCli, NpyInputsGiveReferenceOutputs) {
   const std::string dir = ::testing::TempDir() + "/cocemu_attn_cli";
   std::filesystem::create_directories(dir);
@@ -32,7 +22,7 @@ TEST(AttentionCli, NpyInputsGiveReferenceOutputs) {
   write_npy(dir + "/v.npy", in.v);
   write_npy(dir + "/dout.npy", in.dout);
   int status = 0;
-  const std::string out = run_command(
+  const std::string out = cocemu::testing::run_command(
       fmt::format(
           "{} attention --cp 4 --algo hybrid_cp_algo --ulysses-degree 2 --batch 2 --heads 4 "
           "--kv-heads 2 --seq 32 --head-dim 8 --q {d}/q.npy --k {d}/k.npy --v {d}/v.npy "
@@ -63,15 +53,16 @@ TEST(AttentionCli, NpyInputsGiveReferenceOutputs) {
 
 TEST(AttentionCli, DryRunIsLabelledAndBadOptionsAreErrors) {
   int status = 0;
-  std::string out = run_command(fmt::format("{} attention --dry-run --cp 16 --seq 32768 --heads 32 "
-                                            "--kv-heads 8 --head-dim 128 --dtype bf16 --overlap",
-                                            COCEMU_BINARY),
-                                &status);
+  std::string out = cocemu::testing::run_command(
+      fmt::format("{} attention --dry-run --cp 16 --seq 32768 --heads 32 "
+                  "--kv-heads 8 --head-dim 128 --dtype bf16 --overlap",
+                  COCEMU_BINARY),
+      &status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("DRY RUN: shapes only, numerics skipped"), std::string::npos) << out;
   EXPECT_NE(out.find("modeled forward"), std::string::npos);
   EXPECT_NE(out.find("exposed comm"), std::string::npos);
-  out = run_command(
+  out = cocemu::testing::run_command(
       fmt::format("{} attention --cp 4 --algo ulysses_cp_algo --heads 6", COCEMU_BINARY), &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("num_attention_heads 6"), std::string::npos) << out;

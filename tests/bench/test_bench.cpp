@@ -51,16 +51,6 @@ const StrategyResult& find(const BenchResult& r, const std::string& name) {
   throw std::runtime_error("no strategy " + name);
 }
 
-std::string run_command(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (p && std::fgets(buf.data(), int(buf.size()), p))
-    out += buf.data();
-  *status = p ? pclose(p) : -1;
-  return out;
-}
-
 TEST(Bench, EveryStrategyIsBitwiseEqualToSerialAndTheJsonSaysSo) {
   // Links as fast as the small GEMMs: comm is worth hiding at this size.
   const BenchResult r = run_bench(small(
@@ -219,9 +209,9 @@ TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {
   std::filesystem::remove_all(dir);
   int status = 0;
   const std::string out =
-      run_command(std::string(COCEMU_BINARY) +
-                      " bench --dry-run --model llama2-7b --no-progress --out-dir " + dir,
-                  &status);
+      testing::run_command(std::string(COCEMU_BINARY) +
+                               " bench --dry-run --model llama2-7b --no-progress --out-dir " + dir,
+                           &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("DRY RUN"), std::string::npos);
   EXPECT_NE(out.find(dir + "/bench.json"), std::string::npos);
@@ -240,8 +230,8 @@ TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {
   p.read(magic, 8);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
   // A bad model name is a clear error, not a crash.
-  const std::string bad =
-      run_command(std::string(COCEMU_BINARY) + " bench --dry-run --model no-such-model", &status);
+  const std::string bad = testing::run_command(
+      std::string(COCEMU_BINARY) + " bench --dry-run --model no-such-model", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(bad.find("no-such-model"), std::string::npos) << bad;
 }

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 
 #include "cocemu/runtime/error.h"
@@ -51,6 +53,16 @@ contention: {compute_slowdown: 1.0, comm_slowdown: 1.0}
 std::shared_ptr<const DeviceProfile> round_profile(const std::string& overrides) {
   return std::make_shared<const DeviceProfile>(
       parse_device_profile(round_profile_yaml(overrides), "<round profile>"));
+}
+
+std::string run_command(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (p && std::fgets(buf.data(), int(buf.size()), p))
+    out += buf.data();
+  *status = p ? pclose(p) : -1;
+  return out;
 }
 
 void expect_error(const std::function<void()>& fn, Errc code,

@@ -23,6 +23,8 @@ std::shared_ptr<const DeviceProfile> round_profile(const std::string& overrides 
 std::string round_profile_yaml(const std::string& overrides = "");
 
 /// Asserts that `fn` throws cocemu::Error with `code` and a message containing every fragment.
+/// Runs a shell command; returns its stdout and stderr and sets `*status` (pclose's).
+std::string run_command(const std::string& cmd, int* status);
 void expect_error(const std::function<void()>& fn, Errc code,
                   const std::vector<std::string>& fragments);
 

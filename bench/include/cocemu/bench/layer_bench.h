@@ -45,6 +45,9 @@ struct BenchConfig {
 BenchConfig default_bench_config();
 /// A model config's layer (its shapes, TP and SP), bf16.
 BenchConfig bench_config_for(const layers::ModelConfig& model);
+/// The command line's choice: `model` (a name under configs/models/ or a path; empty = the
+/// default layer) on device profile `profile` (a name under configs/devices/ or a path).
+BenchConfig bench_config(const std::string& model, const std::string& profile);
 
 /// One CoC segment of one run, measured on rank 0's modeled timeline.
 struct SegmentStats {

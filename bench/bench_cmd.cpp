@@ -91,9 +91,8 @@ void add_bench(CLI::App& app) {
     for (const bench::StrategyResult& s : r.strategies) {
       const std::string base = o->out_dir + "/" + slug(s.name);
       write_chrome_trace(s.run, base + ".trace.json");
-      write_svg_timeline(
-          s.run, base + ".svg",
-          fmt::format("cocemu bench: {} — {}{}", c.model, s.name, c.dry_run ? " (dry run)" : ""));
+      write_svg_timeline(s.run, base + ".svg",
+                         fmt::format("cocemu bench: {} — {}", c.model, s.name));
       std::printf("%-12s trace %s.trace.json  timeline %s.svg\n", s.name.c_str(), base.c_str(),
                   base.c_str());
     }

@@ -127,7 +127,7 @@ struct Accumulator {
   std::vector<Interval> compute, comm;
   double fused_overlap = 0, fused_exposed = 0, fused_comm = 0;
   SegmentStats s;
-  std::int64_t first = -1, last = 0;
+  std::int64_t first = -1, last = 0, wall_first = -1, wall_last = 0;
 
   void add(const OpRecord& op, const ScheduledOp& t) {
     if (op.cls == OpClass::host) {
@@ -135,6 +135,10 @@ struct Accumulator {
       return;
     }
     if (!on_device(op)) return;
+    if (op.wall_start_ns >= 0) {
+      wall_first = wall_first < 0 ? op.wall_start_ns : std::min(wall_first, op.wall_start_ns);
+      wall_last = std::max(wall_last, op.wall_end_ns);
+    }
     first = first < 0 ? t.start_ns : std::min(first, t.start_ns);
     last = std::max(last, t.end_ns);
     const double dur = double(t.end_ns - t.start_ns);
@@ -163,6 +167,7 @@ struct Accumulator {
     s.exposed_comm_ns = length(m) - both + fused_exposed;
     s.comm_time_ns = length(m) + fused_comm;
     s.span_ns = first < 0 ? 0 : double(last - first);
+    s.wall_ns = wall_first < 0 ? -1 : double(wall_last - wall_first);
     return s;
   }
 };
@@ -335,6 +340,7 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
     StrategyResult sr;
     sr.name = st.name;
     std::vector<double> walls;
+    std::map<std::string, std::vector<double>> segment_walls;
     std::vector<std::vector<std::byte>> bits(std::size_t(c.tp));
     for (int rep = 0; rep < runs; ++rep) {
       WorldOptions wo;
@@ -342,7 +348,7 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
       wo.profile = profile;
       wo.numerics = !c.dry_run;
       wo.deterministic = true;
-      wo.record_wall_times = false;
+      wo.record_wall_times = !c.dry_run;  // per-segment wall times
       std::vector<double> per_rank(std::size_t(c.tp));
       std::mutex mu;
       sr.run = run(wo, [&](Rank& rank) {
@@ -373,6 +379,8 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
         }
       });
       walls.push_back(*std::max_element(per_rank.begin(), per_rank.end()));
+      for (const SegmentStats& s : segment_stats(sr.run, 0))
+        segment_walls[s.name].push_back(s.wall_ns);
       if (progress) progress(++done, total, fmt::format("{} run {}/{}", st.name, rep + 1, runs));
     }
     sr.modeled_ns = sr.run.timeline.makespan_ns() - setup_end(sr.run);
@@ -383,7 +391,10 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
     }
     std::tie(sr.comm_ns, sr.exposed_comm_ns) = layer_comm(sr.run);
     for (SegmentStats& s : segment_stats(sr.run, 0))
-      if (s.name != "setup") sr.segments.push_back(std::move(s));
+      if (s.name != "setup") {
+        if (!c.dry_run) s.wall_ns = median(segment_walls[s.name]);
+        sr.segments.push_back(std::move(s));
+      }
     if (!result.strategies.empty()) {
       const auto& serial = result.strategies[0].segments;
       for (const SegmentStats& s : sr.segments) {
@@ -452,22 +463,25 @@ nlohmann::json to_json(const BenchResult& r) {
   const auto& base = r.strategies.at(0).segments;
   for (std::size_t k = 0; k < base.size(); ++k) {
     nlohmann::json seg{{"name", base[k].name}, {"serial_ns", base[k].span_ns}};
+    seg["serial_wall_ns"] = dry ? nlohmann::json(nullptr) : nlohmann::json(base[k].wall_ns);
     for (std::size_t i = 1; i < r.strategies.size(); ++i) {
       const StrategyResult& s = r.strategies[i];
       if (k >= s.segments.size()) continue;
       const SegmentStats& t = s.segments[k];
-      seg["strategies"].push_back({{"name", s.name},
-                                   {"modeled_ns", t.span_ns},
-                                   {"compute_ns", t.compute_work_ns},
-                                   {"comm_ns", t.comm_work_ns},
-                                   {"overlap_ns", t.overlap_ns},
-                                   {"exposed_comm_ns", t.exposed_comm_ns},
-                                   {"host_ns", t.host_ns},
-                                   {"gemms", t.gemms},
-                                   {"fused_steps", t.fused_steps},
-                                   {"success", s.verdicts[k].success},
-                                   {"failed", s.verdicts[k].failed},
-                                   {"verdict", s.verdicts[k].text}});
+      seg["strategies"].push_back(
+          {{"name", s.name},
+           {"modeled_ns", t.span_ns},
+           {"wall_ns", dry ? nlohmann::json(nullptr) : nlohmann::json(t.wall_ns)},
+           {"compute_ns", t.compute_work_ns},
+           {"comm_ns", t.comm_work_ns},
+           {"overlap_ns", t.overlap_ns},
+           {"exposed_comm_ns", t.exposed_comm_ns},
+           {"host_ns", t.host_ns},
+           {"gemms", t.gemms},
+           {"fused_steps", t.fused_steps},
+           {"success", s.verdicts[k].success},
+           {"failed", s.verdicts[k].failed},
+           {"verdict", s.verdicts[k].text}});
     }
     const int b = best_for_segment(r, k);
     if (b >= 0) {
@@ -512,6 +526,20 @@ std::string format_report(const BenchResult& r) {
       out += k < s.segments.size() ? fmt::format(" {:>11.1f}", s.segments[k].span_ns / 1e3)
                                    : fmt::format(" {:>11}", "-");
     out += "\n";
+  }
+  if (!dry) {
+    out += "\n# CoC segments: host wall ms (rank 0, median of runs)\n";
+    out += fmt::format("{:<14}", "segment");
+    for (const StrategyResult& s : r.strategies)
+      out += fmt::format(" {:>11}", s.name);
+    out += "\n";
+    for (std::size_t k = 0; k < base.size(); ++k) {
+      out += fmt::format("{:<14}", base[k].name);
+      for (const StrategyResult& s : r.strategies)
+        out += k < s.segments.size() ? fmt::format(" {:>11.2f}", s.segments[k].wall_ns / 1e6)
+                                     : fmt::format(" {:>11}", "-");
+      out += "\n";
+    }
   }
   out +=
       "\n# overlap verdicts (R-BE-3: no matmul/comm degradation, concurrency from the 2nd "

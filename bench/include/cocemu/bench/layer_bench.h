@@ -59,6 +59,7 @@ struct SegmentStats {
   double overlap_ns = 0;       ///< time compute and comm ran at once
   double exposed_comm_ns = 0;  ///< time comm ran while compute did not
   double host_ns = 0;          ///< host launch time of its ops
+  double wall_ns = -1;         ///< host wall time of its device ops on rank 0; -1 in dry runs
   int gemms = 0;               ///< GEMM launches (split chunks and unsplit GEMMs alike)
   int fused_steps = 0;         ///< pipeline steps of its fused kernels
   int device_ops = 0;          ///< compute and comm ops after the first of each lane

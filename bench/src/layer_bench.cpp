@@ -485,7 +485,10 @@ nlohmann::json to_json(const BenchResult& r) {
     }
     const int b = best_for_segment(r, k);
     if (b >= 0) {
-      seg["best_strategy"] = r.strategies[std::size_t(b)].name;
+      // The fastest overall (serial included), and the best split with its verdict.
+      const bool split_wins = r.strategies[std::size_t(b)].segments[k].span_ns < base[k].span_ns;
+      seg["best_strategy"] = split_wins ? r.strategies[std::size_t(b)].name : "serial";
+      seg["best_split"] = r.strategies[std::size_t(b)].name;
       seg["verdict"] = r.strategies[std::size_t(b)].verdicts[k].text;
       seg["success"] = r.strategies[std::size_t(b)].verdicts[k].success;
     }
@@ -546,8 +549,14 @@ std::string format_report(const BenchResult& r) {
       "chunk, balance, gain)\n";
   for (std::size_t k = 0; k < base.size(); ++k) {
     const int b = best_for_segment(r, k);
-    out += fmt::format("{} (best: {})\n", base[k].name,
-                       b < 0 ? "-" : r.strategies[std::size_t(b)].name);
+    if (b < 0) {
+      out += base[k].name + "\n";
+    } else {
+      const double split = r.strategies[std::size_t(b)].segments[k].span_ns;
+      out += fmt::format("{} — best split {} {:.1f} us vs serial {:.1f} us{}\n", base[k].name,
+                         r.strategies[std::size_t(b)].name, split / 1e3, base[k].span_ns / 1e3,
+                         split < base[k].span_ns ? "" : " (serial is fastest)");
+    }
     for (std::size_t i = 1; i < r.strategies.size(); ++i)
       if (k < r.strategies[i].verdicts.size())
         out += fmt::format("  {:<11} {}\n", r.strategies[i].name, r.strategies[i].verdicts[k].text);

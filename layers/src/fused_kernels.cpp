@@ -133,13 +133,21 @@ PipelineCost price_pipeline(const std::vector<double>& compute, const std::vecto
   return p;
 }
 
+/// A step's in-kernel transfer: the direct plan's link time, with the link latency per round in
+/// place of a collective library's per-step α (the kernel writes peer memory and raises flags
+/// itself; no collective is launched).
 double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t) {
-  PlanRequest r{op, Algorithm::direct, n, count, 0, true, {}};
-  return price_plan(build_plan(r), rank.profile(), t).total_ns;
+  const DeviceProfile& p = rank.profile();
+  const Plan plan = build_plan({op, Algorithm::direct, n, count, 0, true, {}});
+  const PlanCost c = price_plan(plan, p, t);
+  const double alpha = p.algorithms.at("direct").step_latency_ns;
+  return c.total_ns + double(c.round_ns.size()) * (p.link_latency_ns - alpha);
 }
 
 /// Prices a kernel's steps: `per_step(h)` gives, for a step of h rows, its GEMM time and the
-/// element count its direct collective `op` moves per rank.
+/// element count its direct collective `op` moves per rank. Kernels price a step's GEMM as its
+/// share of the whole product at the whole product's efficiency: a fused kernel runs one GEMM
+/// whose tiles it schedules step by step (LCOC), not a series of small GEMMs.
 template <class PerStep>
 PipelineCost price_steps(const Rank& rank, const Pipeline& pl, std::int64_t rows, CollOp op,
                          bool comm_first, DType t, int n_ranks, PerStep per_step) {
@@ -268,10 +276,10 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
   const Pipeline pl = pipeline(m, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * n) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), o.weight_transposed);
   PipelineCost pc =
       price_steps(rank, pl, m, CollOp::all_reduce, false, x.dtype(), n_ranks, [&](std::int64_t h) {
-        return std::pair{detail::gemm_cost_ns(rank, h, n, k, x.dtype(), o.weight_transposed),
-                         h * n};
+        return std::pair{whole * double(h) / double(m), h * n};
       });
   if (prologue_ns > 0) {
     pc.total += prologue_ns;
@@ -446,11 +454,11 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
   const std::size_t block_bytes = std::size_t(pl.step_rows * n) * e,
                     slot_bytes = block_bytes * std::size_t(n_ranks);
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  const PipelineCost pc = price_steps(
-      rank, pl, ml, CollOp::reduce_scatter, false, x.dtype(), n_ranks, [&](std::int64_t h) {
-        return std::pair{
-            detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed), h * n};
-      });
+  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), o.weight_transposed);
+  const PipelineCost pc = price_steps(rank, pl, ml, CollOp::reduce_scatter, false, x.dtype(),
+                                      n_ranks, [&](std::int64_t h) {
+                                        return std::pair{whole * double(h) / double(ml), h * n};
+                                      });
   const bool det = o.deterministic;
   launch_fused(
       g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
@@ -505,10 +513,10 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
   const Pipeline pl = pipeline(ml, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * k) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), o.weight_transposed);
   const PipelineCost pc =
       price_steps(rank, pl, ml, CollOp::all_gather, true, x.dtype(), n_ranks, [&](std::int64_t h) {
-        return std::pair{
-            detail::gemm_cost_ns(rank, h * n_ranks, n, k, x.dtype(), o.weight_transposed), h * k};
+        return std::pair{whole * double(h) / double(ml), h * k};
       });
   const Tensor full = gathered.defined() ? gathered : Tensor::shape_only({m, k}, x.dtype());
   launch_fused(

@@ -139,6 +139,21 @@ TEST(Bench, VerdictsNameTheFailedCriterion) {
   EXPECT_GE(count(degrade, "comm degradation"), 4) << degrade[0].text;
 }
 
+TEST(Bench, BadConfigurationsAreClearErrors) {
+  BenchConfig c = small(testing::round_profile(), true);
+  c.repeats = 0;
+  testing::expect_error([&] { run_bench(c); }, Errc::invalid_argument, {"repeats = 0", ">= 1"});
+  c = small(testing::round_profile(), true);
+  std::swap(c.strategies[0], c.strategies[1]);
+  testing::expect_error([&] { run_bench(c); }, Errc::invalid_argument,
+                        {"first strategy must be serial", "script P=2"});
+  c = small(testing::round_profile(), true);
+  c.tp = 3;  // 8 heads do not split over 3 ranks
+  testing::expect_error([&] { run_bench(c); }, Errc::invalid_argument, {"heads 8", "TP size 3"});
+  testing::expect_error([&] { segment_key(c, "fwd mlp.gate"); }, Errc::invalid_argument,
+                        {"fwd mlp.gate", "allowed"});
+}
+
 TEST(Bench, JudgeAppliesTheBalanceAndGainCriteria) {
   SegmentStats serial{
       .name = "s", .span_ns = 1000, .compute_work_ns = 500, .comm_work_ns = 500, .gemms = 1};

@@ -18,7 +18,7 @@ namespace {
 
 struct BenchOpts {
   std::string model, profile = "ascend-910b", coc_config, out_dir = "cocemu-bench-out", json;
-  bool dry_run = false, no_progress = false;
+  bool dry_run = false, no_progress = false, nondeterministic = false;
   int repeats = 3;
 };
 
@@ -76,10 +76,14 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--json", o->json, "write the results here (default: OUT_DIR/bench.json)");
   sub->add_flag("--no-progress", o->no_progress, "no progress bar");
+  sub->add_flag("--nondeterministic", o->nondeterministic,
+                "owner-first reductions, OpenBLAS GEMMs and the library's collective plans "
+                "(bits may then differ between strategies)");
   sub->callback([o] {
     bench::BenchConfig c = bench::bench_config(o->model, o->profile);
     c.dry_run = o->dry_run;
     c.repeats = o->repeats;
+    c.deterministic = !o->nondeterministic;
     if (!o->coc_config.empty())
       c.strategies = bench::default_strategies(layers::load_coc_config(o->coc_config));
     const bench::BenchResult r = bench::run_bench(c, ProgressBar(!o->no_progress));

@@ -347,7 +347,7 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
       wo.n_ranks = c.tp;
       wo.profile = profile;
       wo.numerics = !c.dry_run;
-      wo.deterministic = true;
+      wo.deterministic = c.deterministic;
       wo.record_wall_times = !c.dry_run;  // per-segment wall times
       std::vector<double> per_rank(std::size_t(c.tp));
       std::mutex mu;
@@ -445,7 +445,7 @@ nlohmann::json to_json(const BenchResult& r) {
   if (dry) j["note"] = "dry run: shapes only, numerics skipped; modeled times only";
   j["model"] = r.config.model;
   j["config"] = describe(r.config);
-  j["deterministic"] = true;
+  j["deterministic"] = r.config.deterministic;
   j["repeats"] = dry ? 0 : r.config.repeats;
   const double serial = double(r.strategies.at(0).modeled_ns);
   for (const StrategyResult& s : r.strategies) {
@@ -502,10 +502,13 @@ std::string format_report(const BenchResult& r) {
   std::string out = fmt::format("# cocemu bench — {}\n", describe(r.config));
   out += dry ? "# DRY RUN: shapes only, numerics skipped — modeled times only, no wall time, no "
                "bitwise check\n"
-             : fmt::format(
-                   "# real numerics, deterministic mode; wall = median of {} runs on "
-                   "this host\n",
-                   r.config.repeats);
+             : fmt::format("# real numerics, {} mode; wall = median of {} runs on this host\n",
+                           r.config.deterministic ? "deterministic" : "non-deterministic",
+                           r.config.repeats);
+  if (r.config.deterministic)
+    out +=
+        "# deterministic mode prices the rank-ordered collective plans it runs (slower than "
+        "a library's ring where the profile picks ring)\n";
   out += "# forward+backward of one layer; modeled on the device profile (rank 0 for comm)\n\n";
   out += fmt::format("{:<12} {:>12} {:>8} {:>11} {:>12} {:>10} {:>8}\n", "strategy", "modeled us",
                      "speedup", "comm us", "exposed us", "wall ms", "bitwise");

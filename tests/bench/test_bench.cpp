@@ -14,6 +14,7 @@
 #include "cocemu/bench/tune.h"
 #include "cocemu/bench/validate.h"
 #include "cocemu/layers/coc_config.h"
+#include "cocemu/runtime/profile.h"
 #include "testing.h"
 
 namespace cocemu::bench {
@@ -77,6 +78,26 @@ TEST(Bench, EveryStrategyIsBitwiseEqualToSerialAndTheJsonSaysSo) {
   // Script P=4 hides more of its communication than serial does.
   EXPECT_LT(find(r, "script P=4").exposed_comm_ns / find(r, "script P=4").comm_ns,
             r.strategies[0].exposed_comm_ns / r.strategies[0].comm_ns);
+}
+
+// Non-deterministic mode prices the library's (unordered) collective plans: on a ring profile
+// (H100 picks ring for large messages) serial communication models faster than the rank-ordered
+// plans of deterministic mode.
+TEST(Bench, NonDeterministicModeIsReportedAndPricesTheLibraryPlans) {
+  BenchConfig c = bench_config_for(layers::load_model_config("llama2-7b"));
+  c.profile = std::make_shared<const DeviceProfile>(load_named_profile("h100-sxm"));
+  c.dry_run = true;
+  const BenchResult det = run_bench(c);
+  c.deterministic = false;
+  const BenchResult fast = run_bench(c);
+  EXPECT_FALSE(to_json(fast)["deterministic"].get<bool>());
+  EXPECT_TRUE(to_json(det)["deterministic"].get<bool>());
+  EXPECT_LT(fast.strategies[0].comm_ns, det.strategies[0].comm_ns);
+  BenchConfig real = small(nullptr, false);
+  real.deterministic = false;
+  const BenchResult r = run_bench(real);
+  EXPECT_NE(format_report(r).find("non-deterministic mode"), std::string::npos);
+  EXPECT_TRUE(r.strategies[1].bitwise_equal_serial.has_value());
 }
 
 TEST(Bench, DryRunOfEveryModelIsDeterministicAndCountsNonCocWork) {

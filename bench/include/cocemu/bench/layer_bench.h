@@ -37,6 +37,9 @@ struct BenchConfig {
   std::shared_ptr<const DeviceProfile> profile;  ///< empty: ascend-910b
   bool dry_run = false;                          ///< shapes only: modeled times, no numerics
   int repeats = 3;                               ///< real runs per strategy (median wall time)
+  /// Rank-ordered reductions and tiling-invariant GEMMs (bitwise comparable strategies); their
+  /// rank-ordered collective plans are also what gets priced.
+  bool deterministic = true;
   std::vector<BenchStrategy> strategies = default_strategies();
 };
 

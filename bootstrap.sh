@@ -3,7 +3,7 @@
 #
 #   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu bench
 #   ./bootstrap.sh test   install, build (Release) and run every test with ctest
-#   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime and collectives tests
+#   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime, collectives, layers and bench tests
 #   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every test
 #   ./bootstrap.sh deps   only install the Debian packages
 set -euo pipefail
@@ -50,7 +50,7 @@ case "${1:-}" in
     deps
     build build-tsan -DCOCEMU_SANITIZE=thread
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives' --output-on-failure --timeout 900
+      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives|layers|bench' --output-on-failure --timeout 900
     ;;
   asan)
     deps

@@ -471,6 +471,7 @@ nlohmann::json to_json(const BenchResult& r) {
       seg["strategies"].push_back(
           {{"name", s.name},
            {"modeled_ns", t.span_ns},
+           {"speedup_vs_serial", base[k].span_ns / std::max(1.0, t.span_ns)},
            {"wall_ns", dry ? nlohmann::json(nullptr) : nlohmann::json(t.wall_ns)},
            {"compute_ns", t.compute_work_ns},
            {"comm_ns", t.comm_work_ns},

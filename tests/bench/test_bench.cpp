@@ -73,6 +73,10 @@ TEST(Bench, EveryStrategyIsBitwiseEqualToSerialAndTheJsonSaysSo) {
     EXPECT_GT(j["segments"][k]["serial_wall_ns"].get<double>(), 0);
     for (const auto& st : j["segments"][k]["strategies"])
       EXPECT_GT(st["wall_ns"].get<double>(), 0) << st["name"];
+    for (const auto& st : j["segments"][k]["strategies"])
+      EXPECT_NEAR(st["speedup_vs_serial"].get<double>(),
+                  j["segments"][k]["serial_ns"].get<double>() / st["modeled_ns"].get<double>(),
+                  1e-9);
     EXPECT_FALSE(j["segments"][k]["verdict"].get<std::string>().empty());
   }
   // Script P=4 hides more of its communication than serial does.

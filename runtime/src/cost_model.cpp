@@ -5,21 +5,22 @@
 namespace cocemu {
 
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
-                       DType dtype) {
+                       DType dtype, GemmLayout layout) {
   const double flops = 2.0 * double(m) * double(n) * double(k);
   double eff = p.gemm.max_efficiency;
   if (p.gemm.half_efficiency_flops > 0) eff *= flops / (flops + p.gemm.half_efficiency_flops);
   const std::uint64_t e = size_of(dtype), a = p.gemm.alignment_bytes;
-  if ((std::uint64_t(k) * e) % a != 0 || (std::uint64_t(n) * e) % a != 0)
-    eff *= p.gemm.unaligned_efficiency;
+  const std::uint64_t a_row = std::uint64_t(layout.trans_a ? m : k);
+  const std::uint64_t b_row = std::uint64_t(layout.trans_b ? k : n);
+  if ((a_row * e) % a != 0 || (b_row * e) % a != 0) eff *= p.gemm.unaligned_efficiency;
   return eff;
 }
 
-double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
-               DType dtype) {
+double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+               GemmLayout layout) {
   if (m == 0 || n == 0) return p.kernel_min_ns;
   const double flops = 2.0 * double(m) * double(n) * double(k);
-  const double compute = flops / (p.peak(dtype) * gemm_efficiency(p, m, n, k, dtype)) * 1e9;
+  const double compute = flops / (p.peak(dtype) * gemm_efficiency(p, m, n, k, dtype, layout)) * 1e9;
   const double bytes = double(size_of(dtype)) * double(m * k + k * n + m * n);
   const double memory = bytes / p.memory_bandwidth * 1e9;
   return std::max({compute, memory, p.kernel_min_ns});

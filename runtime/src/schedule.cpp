@@ -25,6 +25,14 @@ const char* to_string(OpClass c) {
   return "?";
 }
 
+double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& cm) {
+  if (compute_ns <= 0 || comm_ns <= 0) return std::max({compute_ns, comm_ns, 0.0});
+  const double compute_slow = compute_ns * cm.compute_slowdown,
+               comm_slow = comm_ns * cm.comm_slowdown;
+  if (compute_slow <= comm_slow) return compute_slow + (comm_ns - compute_slow / cm.comm_slowdown);
+  return comm_slow + (compute_ns - comm_slow / cm.compute_slowdown);
+}
+
 std::int64_t Timeline::makespan_ns() const {
   std::int64_t m = 0;
   for (const auto& r : times_)
@@ -130,22 +138,41 @@ struct Sim {
     job_ready.assign(jobs.size(), 0);
   }
 
-  double rate(int job, const std::vector<int>& n_compute, const std::vector<int>& n_comm) const {
+  /// Ops of a rank running now: compute ones, comm ones, and comm ones per link direction.
+  struct Load {
+    std::vector<int> compute, comm, out, in;
+    explicit Load(std::size_t ranks) : compute(ranks), comm(ranks), out(ranks), in(ranks) {}
+    void add(const OpRecord& op, int d) {
+      const std::size_t r = std::size_t(op.rank);
+      if (op.cls == OpClass::compute || op.cls == OpClass::fused) compute[r] += d;
+      if (op.cls == OpClass::comm || op.cls == OpClass::fused) {
+        comm[r] += d;
+        if (op.cls == OpClass::fused || (op.link_use & kLinkOut)) out[r] += d;
+        if (op.cls == OpClass::fused || (op.link_use & kLinkIn)) in[r] += d;
+      }
+    }
+  };
+
+  double rate(int job, const Load& load) const {
     double r = std::numeric_limits<double>::infinity();
     for (std::size_t m : jobs[job]) {
       const OpRecord& op = *ops[m];
+      const std::size_t k = std::size_t(op.rank);
       double x = 1.0;
       switch (op.cls) {
         case OpClass::compute:
-          x = 1.0 / std::max(1, n_compute[op.rank]);
-          if (n_comm[op.rank] > 0) x /= cm.compute_slowdown;
+          x = 1.0 / std::max(1, load.compute[k]);
+          if (load.comm[k] > 0) x /= cm.compute_slowdown;
           break;
-        case OpClass::comm:
-          x = 1.0 / std::max(1, n_comm[op.rank]);
-          if (n_compute[op.rank] > 0) x /= cm.comm_slowdown;
+        case OpClass::comm: {
+          const int sharing = std::max({1, op.link_use & kLinkOut ? load.out[k] : 0,
+                                        op.link_use & kLinkIn ? load.in[k] : 0});
+          x = 1.0 / sharing;
+          if (load.compute[k] > 0) x /= cm.comm_slowdown;
           break;
+        }
         case OpClass::fused:
-          x = 1.0 / std::max(1, std::max(n_compute[op.rank], n_comm[op.rank]));
+          x = 1.0 / std::max({1, load.compute[k], load.out[k], load.in[k]});
           break;
         default:
           break;
@@ -153,6 +180,96 @@ struct Sim {
       r = std::min(r, x);
     }
     return r;
+  }
+
+  std::string describe(std::size_t i) const {
+    const OpRecord& op = *ops[i];
+    const auto& lanes = g.ranks[std::size_t(op.rank)].lane_names;
+    return fmt::format("rank {} {} op #{} '{}'", op.rank,
+                       std::size_t(op.lane) < lanes.size() ? lanes[std::size_t(op.lane)]
+                                                           : fmt::format("lane {}", op.lane),
+                       op.index, op.name);
+  }
+
+  /// Nothing can start, yet ops remain: every participant joined each rendezvous (checked in
+  /// build), so the ops wait on each other in a cycle. Finds one — edges are "queued behind" (lane
+  /// order), "waits for" (events, launches) and "must start together with" (rendezvous) — and
+  /// reports it with the way out.
+  [[noreturn]] void report_deadlock(std::size_t left) const {
+    const std::size_t n = ops.size();
+    std::vector<std::vector<std::size_t>> pred(n);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t s : succ[i])
+        if (!done[i]) pred[s].push_back(i);
+    auto next = [&](std::size_t i) {
+      std::vector<std::size_t> out;
+      if (unmet[i] > 0) {
+        for (std::size_t p : pred[i])
+          if (!done[p]) out.push_back(p);
+      } else {
+        for (std::size_t m : jobs[std::size_t(job_of[i])])
+          if (m != i && !done[m] && unmet[m] > 0) out.push_back(m);
+      }
+      return out;
+    };
+    // Iterative depth-first search for a cycle among the ops not done.
+    std::vector<int> state(n, 0);  // 0 new, 1 on the path, 2 finished
+    std::vector<std::size_t> path, cycle;
+    for (std::size_t root = 0; root < n && cycle.empty(); ++root) {
+      if (done[root] || state[root]) continue;
+      std::vector<std::pair<std::size_t, std::vector<std::size_t>>> stack;
+      stack.push_back({root, next(root)});
+      state[root] = 1;
+      path.assign(1, root);
+      while (!stack.empty() && cycle.empty()) {
+        auto& [node, todo] = stack.back();
+        if (todo.empty()) {
+          state[node] = 2;
+          stack.pop_back();
+          path.pop_back();
+          continue;
+        }
+        const std::size_t v = todo.back();
+        todo.pop_back();
+        if (state[v] == 1) {
+          cycle.assign(std::find(path.begin(), path.end(), v), path.end());
+        } else if (state[v] == 0) {
+          state[v] = 1;
+          path.push_back(v);
+          stack.push_back({v, next(v)});
+        }
+      }
+    }
+    std::string text;
+    bool p2p = false;
+    for (std::size_t k = 0; k < cycle.size(); ++k) {
+      const std::size_t a = cycle[k], b = cycle[(k + 1) % cycle.size()];
+      const bool together = job_of[a] == job_of[b];
+      const bool same_lane = ops[a]->rank == ops[b]->rank && ops[a]->lane == ops[b]->lane;
+      for (const auto& rv : ops[a]->rendezvous)
+        p2p = p2p || rv.key.starts_with("p2p/");
+      text += fmt::format("\n  {} {} {}", describe(a),
+                          together    ? "must start together with"
+                          : same_lane ? "is queued behind"
+                                      : "waits for",
+                          describe(b));
+    }
+    if (cycle.empty())
+      for (std::size_t i = 0, shown = 0; i < n && shown < 8; ++i)
+        if (!done[i]) {
+          text += fmt::format("\n  {} ({} prerequisites unmet)", describe(i), unmet[i]);
+          ++shown;
+        }
+    COCEMU_FAIL(Errc::invalid_argument,
+                "the program deadlocks: {} of {} ops can never start, because they wait on each "
+                "other in a cycle:{}{}",
+                left, n, text,
+                p2p ? "\nOn NCCL and HCCL such a program hangs: an unbatched isend/irecv starts "
+                      "only when its peer's matching call does, and here each is queued behind "
+                      "another that waits for it. Post the sends and receives of one exchange "
+                      "together with batch_isend_irecv, or order them by rank parity (even ranks "
+                      "send first, odd ranks receive first, as MindSpeed's RingP2P does)."
+                    : "");
   }
 
   void complete(std::size_t i, double t) {
@@ -170,7 +287,7 @@ struct Sim {
     const std::size_t n = ops.size();
     for (std::size_t i = 0; i < n; ++i)
       if (unmet[i] == 0) to_start.push_back(i);
-    std::vector<int> n_compute(g.ranks.size()), n_comm(g.ranks.size());
+    Load load(g.ranks.size());
     double t = 0;
     std::size_t n_done = 0;
     while (n_done < n) {
@@ -190,34 +307,17 @@ struct Sim {
             complete(m, t), ++n_done;
         } else {
           running.push_back(j);
-          for (std::size_t m : jobs[j]) {
-            if (ops[m]->cls == OpClass::compute || ops[m]->cls == OpClass::fused)
-              ++n_compute[ops[m]->rank];
-            if (ops[m]->cls == OpClass::comm || ops[m]->cls == OpClass::fused)
-              ++n_comm[ops[m]->rank];
-          }
+          for (std::size_t m : jobs[j])
+            load.add(*ops[m], +1);
         }
       }
       if (n_done == n) break;
-      if (running.empty()) {
-        std::string stuck;
-        int shown = 0;
-        for (std::size_t i = 0; i < n && shown < 8; ++i)
-          if (!done[i]) {
-            stuck += fmt::format("\n  rank {} lane {} op #{} '{}' ({} prerequisites unmet)",
-                                 ops[i]->rank, ops[i]->lane, ops[i]->index, ops[i]->name, unmet[i]);
-            ++shown;
-          }
-        COCEMU_FAIL(Errc::mismatch,
-                    "modeled schedule cannot complete: {} of {} ops never became ready "
-                    "(a collective or send/recv that not every participant joined):{}",
-                    n - n_done, n, stuck);
-      }
+      if (running.empty()) report_deadlock(n - n_done);
       // Advance to the next completion.
       std::vector<double> rates(running.size());
       double dt = std::numeric_limits<double>::infinity();
       for (std::size_t k = 0; k < running.size(); ++k) {
-        rates[k] = rate(running[k], n_compute, n_comm);
+        rates[k] = rate(running[k], load);
         dt = std::min(dt, job_left[running[k]] / rates[k]);
       }
       t += dt;
@@ -227,10 +327,7 @@ struct Sim {
         job_left[j] -= rates[k] * dt;
         if (job_left[j] <= 1e-6 * std::max(1.0, rates[k] * dt)) {
           for (std::size_t m : jobs[j]) {
-            if (ops[m]->cls == OpClass::compute || ops[m]->cls == OpClass::fused)
-              --n_compute[ops[m]->rank];
-            if (ops[m]->cls == OpClass::comm || ops[m]->cls == OpClass::fused)
-              --n_comm[ops[m]->rank];
+            load.add(*ops[m], -1);
             complete(m, t);
             ++n_done;
           }

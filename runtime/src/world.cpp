@@ -311,6 +311,7 @@ OpRecord& Rank::append_op(int lane, OpSpec&& spec) {
   rec.rendezvous = std::move(spec.rendezvous);
   rec.bytes = spec.bytes;
   rec.flops = spec.flops;
+  rec.link_use = spec.link_use;
   rec.detail = std::move(spec.detail);
   rec.phases = std::move(spec.phases);
   rec.inner_compute_ns = spec.inner_compute_ns;

@@ -15,13 +15,24 @@ enum class LaunchKind : std::uint8_t {
   fused,   ///< one fused compute-communication kernel
 };
 
+/// How a GEMM's operands lie in memory: A is [m, k] row-major unless `trans_a` (stored [k, m]);
+/// B is [k, n] row-major unless `trans_b` (stored [n, k], i.e. column-major, as a Megatron
+/// weight used as x·Wᵀ or one made column-major by MindSpeed's matmul_soc_friendly).
+struct GemmLayout {
+  bool trans_a = false;
+  bool trans_b = false;
+};
+
 /// Efficiency of an m×k·k×n GEMM in `dtype`: max · F/(F + F_half), times the unaligned factor when
-/// a row of either operand (k or n elements) is not a multiple of the alignment in bytes.
+/// the contiguous rows of either operand as stored (A: k, or m if transposed; B: n, or k if
+/// transposed) are not a multiple of the alignment in bytes. This is the premise of MindSpeed's
+/// matmul_soc_friendly, which fixes an unaligned n by making the weight column-major.
 double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k,
-                       DType dtype);
+                       DType dtype, GemmLayout layout = {});
 /// Modeled time of a GEMM: the larger of its compute time and its memory time, at least the
 /// shortest kernel.
-double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
+double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+               GemmLayout layout = {});
 /// A flash-attention pass over `heads` heads (QKᵀ and PV fused in one kernel, scores never
 /// written to memory): 4·s_q·s_k·d·visible FLOPs per head at the efficiency of one [s_q, d]·[d,
 /// s_k] GEMM, against the memory time of Q, K, V and O. `visible` is the fraction of (query, key)

@@ -8,7 +8,8 @@
 ///  - a collective (all ops sharing a rendezvous key) starts and ends at the same time on all
 ///  ranks;
 ///  - compute and comm running at once on one rank slow each other by the profile's contention
-///    factors, and several ops of one class on a rank share it equally.
+///    factors; several compute ops on a rank share it equally, and so do comm ops that use a
+///    common link direction (a send and a receive do not: links are full duplex).
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -41,6 +42,11 @@ struct Rendezvous {
   int members = 2;
 };
 
+/// Which directions of its rank's links a comm op uses. Links are full duplex: a send and a
+/// receive on one rank run side by side at full speed, while comm ops that use a common
+/// direction share it.
+enum LinkUse : std::uint8_t { kLinkOut = 1, kLinkIn = 2, kLinkBoth = 3 };
+
 struct OpRecord {
   int rank = 0;
   int lane = 0;  ///< 0 = host, 1.. = streams in creation order
@@ -52,7 +58,8 @@ struct OpRecord {
   std::vector<Rendezvous> rendezvous;  ///< ops sharing a key run as one collective
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
-  std::string detail;  ///< e.g. the collective algorithm
+  std::uint8_t link_use = kLinkBoth;  ///< comm ops: the link directions used (LinkUse bits)
+  std::string detail;                 ///< e.g. the collective algorithm
   /// Named parts of the op (collective rounds, pipeline steps) and their share of the duration.
   std::vector<std::pair<std::string, double>> phases;
   /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
@@ -77,6 +84,12 @@ struct ContentionModel {
   double comm_slowdown = 1.0;     ///< comm runs 1/x as fast while compute is active on its rank
 };
 
+/// Time for a compute task and a comm task of `compute_ns` and `comm_ns` (at full speed) that
+/// start together on one rank: each runs slowed by the other's contention factor until the
+/// shorter one ends, then the other finishes at full speed — the rule `simulate` applies to
+/// overlapping ops, for pipelines priced inside one op (fused kernels).
+double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& contention);
+
 struct ScheduledOp {
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;
@@ -97,8 +110,10 @@ class Timeline {
   std::vector<std::vector<ScheduledOp>> times_;
 };
 
-/// Computes the modeled schedule. Throws `Errc::internal` if the graph cannot complete (a
-/// collective some rank never joined), naming the stuck ops.
+/// Computes the modeled schedule. Throws `Errc::mismatch` if a rendezvous did not get all its
+/// participants, and `Errc::invalid_argument` if ops wait on each other in a cycle (a program
+/// that would deadlock on the real system, e.g. unbatched isend/irecv in a ring), naming the
+/// cycle op by op.
 Timeline simulate(const ModelGraph& graph, const ContentionModel& contention);
 
 }  // namespace cocemu

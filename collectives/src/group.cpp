@@ -70,6 +70,24 @@ const std::string& Group::name() const {
   return state_->name;
 }
 
+const std::string& Group::key() const {
+  return state_->key;
+}
+
+Stream& Group::stream() const {
+  Stream* s = is_member() ? state_->members[std::size_t(local_rank_)].stream : nullptr;
+  return s ? *s : owner_->comm_stream();
+}
+
+void Group::set_stream(Stream& s) {
+  COCEMU_CHECK_ARG(is_member(), "Group::set_stream on rank {}: not a member of group {}",
+                   owner_->id(), name());
+  COCEMU_CHECK_ARG(&s.rank() == owner_,
+                   "Group::set_stream on rank {}: stream '{}' belongs to rank {}", owner_->id(),
+                   s.name(), s.rank().id());
+  state_->members[std::size_t(local_rank_)].stream = &s;
+}
+
 int Group::world_rank_of(int group_rank) const {
   COCEMU_CHECK_ARG(group_rank >= 0 && group_rank < size(),
                    "group rank {} out of range for group {} of size {}", group_rank, name(),

@@ -65,6 +65,7 @@ struct Member {
   std::uint64_t barriers = 0;    // barriers this member has passed (worker side)
   std::uint64_t fast_calls = 0;  // small calls completed by their last arriver (worker side)
   std::uint64_t host_seq = 0;    // next collective sequence number (host side)
+  Stream* stream = nullptr;      // where this member's ops run; null: its rank's comm stream
   std::vector<std::uint64_t> sends_to, recvs_from;  // p2p counters per peer (host side)
   std::vector<std::uint64_t> received_from;         // p2p counters per peer (worker side)
   std::map<std::pair<std::uint64_t, std::int64_t>, std::shared_ptr<const CachedPlan>> plans;

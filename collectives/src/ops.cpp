@@ -247,12 +247,16 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
       fmt::format("group {} seq {} algo {} dtype {}{}", g.name(), seq, to_string(sig.algorithm),
                   name_of(sig.dtype), sig.deterministic ? "" : " nondeterministic");
   spec.rendezvous.push_back({fmt::format("coll/{}/{}", g.state().key, seq), g.size()});
-  if (cost.round_ns.size() > 1)
+  if (o.emulator_only) {
+    spec.work_ns = 0;
+    spec.launch = LaunchKind::none;
+    spec.name += " (emulator only, unpriced)";
+  } else if (cost.round_ns.size() > 1)
     for (std::size_t r = 0; r < cost.round_ns.size(); ++r)
       spec.phases.push_back(
           {fmt::format("round {}/{}", r + 1, cost.round_ns.size()), cost.round_ns[r]});
   Stream& current = rank.current_stream();
-  Stream& comm = rank.comm_stream();
+  Stream& comm = g.stream();
   if (&current != &comm) comm.wait(current.record());  // the producer has written the input
   const int me = g.rank();
   Group keep = g;
@@ -489,11 +493,24 @@ Work barrier(Group& g, const CollectiveOptions& o) {
   Call c;
   c.sig.op = CollOp::barrier;
   c.sig.dtype = DType::f32;
-  return enqueue(g, std::move(c), o);
+  CollectiveOptions async = o;
+  async.async_op = true;
+  Work w = enqueue(g, std::move(c), async);
+  // torch.distributed.barrier without async_op blocks the caller until every member has entered
+  // (ProcessGroupNCCL's barrier work synchronizes its stream), unlike other synchronous
+  // collectives, which only order the current stream.
+  if (!o.async_op) w.synchronize();
+  return w;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Point to point
+
+namespace {
+bool to_any(const std::vector<P2POp>& ops, P2POp::Kind kind) {
+  return std::any_of(ops.begin(), ops.end(), [kind](const P2POp& o) { return o.kind == kind; });
+}
+}  // namespace
 
 Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
   check_member(g, "batch_isend_irecv");
@@ -538,6 +555,8 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
     link_s = std::max(
         {link_s, to[p] / prof.link_per_peer_bandwidth, from[p] / prof.link_per_peer_bandwidth});
   spec.work_ns = prof.link_latency_ns + link_s * 1e9;
+  spec.link_use = std::uint8_t((to_any(ops, P2POp::send) ? kLinkOut : 0) |
+                               (to_any(ops, P2POp::recv) ? kLinkIn : 0));
   if (ops.size() == 1)
     spec.name = fmt::format("{} {} {} {}", ops[0].kind == P2POp::send ? "send" : "recv",
                             format_bytes(ops[0].tensor.nbytes()),
@@ -546,7 +565,7 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
     spec.name = fmt::format("batch_isend_irecv x{} {}", ops.size(), format_bytes(spec.bytes));
   spec.detail = fmt::format("group {}", g.name());
   Stream& current = rank.current_stream();
-  Stream& comm = rank.comm_stream();
+  Stream& comm = g.stream();
   if (&current != &comm) comm.wait(current.record());
   Group keep = g;
   comm.launch(std::move(spec), [keep, me, planned = std::move(planned)] {

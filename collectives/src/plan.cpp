@@ -91,8 +91,10 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype) {
                "device profile '{}' has no cost entry for algorithm '{}'", p.name,
                to_string(plan.algorithm));
   const CollectiveAlgorithmCost& a = it->second;
+  // Every buffer is priced in the call's dtype, scratch included: NCCL and HCCL move partially
+  // reduced data in the buffer's dtype. The executor keeps its partial sums in f32 (f64) so that
+  // deterministic mode is exact; that is an emulator device, not wire traffic.
   const double elem = double(size_of(dtype));
-  const double acc_elem = dtype == DType::f64 ? 8.0 : 4.0;
   PlanCost cost;
   int n = 0;
   for (const auto& round : plan.rounds)
@@ -113,9 +115,7 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype) {
     std::fill(local.begin(), local.end(), 0.0);
     for (const Step& st : round) {
       const std::size_t a = std::size_t(st.actor);
-      auto bytes_of = [&](const BufRef& b) {
-        return double(st.count) * (b.buf == Buf::scratch ? acc_elem : elem);
-      };
+      auto bytes_of = [&](const BufRef&) { return double(st.count) * elem; };
       for (const BufRef& s : st.srcs) {
         const double b = bytes_of(s);
         local[a] += b;

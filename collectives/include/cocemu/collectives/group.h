@@ -29,10 +29,21 @@ class Group {
   int world_rank_of(int group_rank) const;
   /// Short display name ("world", "g3", "tp0" …) used in traces and errors.
   const std::string& name() const;
+  /// Unique across the run (names need not be): the key collectives and fused kernels use to
+  /// match the ops of one call on every member.
+  const std::string& key() const;
   Rank& owner() const { return *owner_; }
   detail::GroupState& state() const { return *state_; }
   /// Next collective sequence number on this group (host side, per rank).
   std::uint64_t next_sequence();
+  /// The stream this rank's collectives and p2p ops on the group run on: the rank's comm stream
+  /// unless `set_stream` gave the group one of its own. (PyTorch gives every process group its
+  /// own communication stream; here groups share the comm stream unless told otherwise, so two
+  /// groups' transfers overlap only where a program asks for it, as MindSpeed's separate
+  /// send/recv communicators do.)
+  Stream& stream() const;
+  /// Runs this rank's ops on the group on `s` from now on (a stream of this rank).
+  void set_stream(Stream& s);
 
  private:
   friend Group new_group(Rank&, const std::vector<int>&, const std::string&);

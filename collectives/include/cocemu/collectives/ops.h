@@ -34,6 +34,10 @@ struct CollectiveOptions {
   bool async_op = false;
   std::optional<bool> deterministic;  ///< default: the world's setting
   std::string label;                  ///< appended to the trace name, e.g. "[2/4]"
+  /// An emulator convenience the emulated system does not run (e.g. handing Ulysses attention's
+  /// LSE back in the caller's layout): the numerics are done, the op costs nothing and launches
+  /// nothing in the modeled timeline, and its trace name says so.
+  bool emulator_only = false;
 };
 
 /// Handle on an enqueued collective (torch.distributed.Work).
@@ -85,11 +89,16 @@ Work all_to_all(Group& g, const Tensor& output, const Tensor& input,
 Work all_to_all(Group& g, const Tensor& output, const Tensor& input,
                 const std::vector<std::int64_t>& output_splits,
                 const std::vector<std::int64_t>& input_splits, const CollectiveOptions& o = {});
+/// Synchronizes the group. Without `async_op` the host blocks until every member has entered
+/// (torch.distributed.barrier); with it, like any async collective.
 Work barrier(Group& g, const CollectiveOptions& o = {});
 
-/// Point to point. Sends are eager (buffered), so a send never waits for its receive; a receive
-/// waits (bounded) for the matching send. Modeled as one transfer that starts when both sides
-/// are ready.
+/// Point to point. In the numerics sends are eager (buffered), so a send never waits for its
+/// receive and a receive waits (bounded) for the matching send. The modeled schedule is NCCL's
+/// and HCCL's: a send and its receive are one transfer that starts when both sides are ready. A
+/// program whose unbatched isend/irecv wait on each other in a cycle (each rank sending before
+/// receiving around a ring) would hang there: `run` reports the cycle and points to
+/// `batch_isend_irecv` or parity ordering.
 struct P2POp {
   enum Kind : std::uint8_t { send, recv } kind = send;
   Tensor tensor;

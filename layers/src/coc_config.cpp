@@ -120,15 +120,18 @@ CocChoice choose(const CocConfig& c, std::int64_t m, std::int64_t k, std::int64_
 }
 
 SocFriendly soc_friendly(const CocConfig& c, std::int64_t m, std::int64_t k, std::int64_t n,
-                         int parallel_num, std::size_t e) {
+                         int parallel_num, std::size_t e, bool weight_col_major) {
+  // MindSpeed's get_aligned_mm_inputs (lcal_coc/matmul_soc_friendly.py), called only on the
+  // script path with P > 1 (P = 1 routes to the rewrite functions, which do not call it).
   SocFriendly s{false, k};
-  if (!c.matmul_soc_friendly) return s;
+  if (!c.matmul_soc_friendly || parallel_num <= 1) return s;
   const auto aligned = [e](std::int64_t x, std::size_t bytes) {
     return (std::size_t(x) * e) % bytes == 0;
   };
-  const std::int64_t m_chunk = parallel_num > 0 ? m / parallel_num : m;
-  if (aligned(k, 512) && (!aligned(m_chunk, 512) || !aligned(n, 512))) s.transpose_weight = true;
-  if (!aligned(k, 32) && k >= c.k_min && k <= c.k_max) {
+  const bool mn_aligned = aligned(m / parallel_num, 512) && aligned(n, 512);
+  if (aligned(k, 512)) {
+    s.transpose_weight = !mn_aligned && !weight_col_major;
+  } else if (mn_aligned && !aligned(k, 32) && k >= c.k_min && k <= c.k_max) {
     const std::int64_t per = std::int64_t(512 / e);
     s.padded_k = (k + per - 1) / per * per;
   }

@@ -109,8 +109,11 @@ struct PipelineCost {
   std::vector<std::pair<std::string, double>> phases;
 };
 
+/// Steps overlap as LCOC runs them: the producer of step i beside the consumer of step i − 1.
+/// Overlapped compute and comm slow each other by the profile's contention factors, as they do
+/// between script-side ops (`overlapped_ns`, the schedule's own rule).
 PipelineCost price_pipeline(const std::vector<double>& compute, const std::vector<double>& comm,
-                            bool comm_first) {
+                            bool comm_first, const ContentionModel& contention) {
   PipelineCost p;
   const std::size_t s = compute.size();
   if (s == 0) return p;
@@ -123,7 +126,8 @@ PipelineCost price_pipeline(const std::vector<double>& compute, const std::vecto
   p.total = first[0];
   p.phases.push_back({fmt::format("step 1/{} {}", s, comm_first ? "comm" : "compute"), first[0]});
   for (std::size_t i = 1; i < s; ++i) {
-    const double t = std::max(first[i], second[i - 1]);
+    const double t = comm_first ? overlapped_ns(second[i - 1], first[i], contention)
+                                : overlapped_ns(first[i], second[i - 1], contention);
     p.total += t;
     p.phases.push_back({fmt::format("step {}/{} overlapped", i + 1, s), t});
   }
@@ -157,7 +161,7 @@ PipelineCost price_steps(const Rank& rank, const Pipeline& pl, std::int64_t rows
     compute.push_back(gemm_ns);
     comm.push_back(comm_cost(rank, op, n_ranks, count, t));
   }
-  return price_pipeline(compute, comm, comm_first);
+  return price_pipeline(compute, comm, comm_first, rank.profile().contention);
 }
 
 /// Adds `src` rows into an f32/f64 accumulator, or starts it.
@@ -225,11 +229,8 @@ struct Workspace {
 std::pair<SymmetricBuffer, std::array<std::uint32_t, 2>> workspace(Group& g, std::size_t bytes,
                                                                    std::int64_t steps) {
   Rank& rank = g.owner();
-  std::string team;
-  for (int r : g.ranks())
-    team += fmt::format("{},", r);
   auto ws =
-      rank.world().shared<Workspace>(fmt::format("fused-ws/{}/[{}]/{}", rank.id(), team, bytes),
+      rank.world().shared<Workspace>(fmt::format("fused-ws/{}/{}/{}", rank.id(), g.key(), bytes),
                                      [] { return std::make_shared<Workspace>(); });
   // Allocated outside World::shared's lock (allocation uses the registry too). The workspace is
   // this rank's own, so no other thread races on it.
@@ -255,7 +256,8 @@ void launch_fused(Group& g, std::string name, PipelineCost cost, std::uint64_t f
   spec.inner_compute_ns = cost.compute;
   spec.inner_comm_ns = cost.comm;
   // One kernel on every rank of the group: it starts and ends together (flags synchronise it).
-  spec.rendezvous.push_back({fmt::format("fused/{}/{}", g.name(), g.next_sequence()), g.size()});
+  // Keyed by the group's unique key, as collectives are: display names need not be unique.
+  spec.rendezvous.push_back({fmt::format("fused/{}/{}", g.key(), g.next_sequence()), g.size()});
   g.owner().current_stream().launch(std::move(spec), std::move(fn));
 }
 
@@ -276,7 +278,7 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
   const Pipeline pl = pipeline(m, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * n) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), o.weight_transposed);
+  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
   PipelineCost pc =
       price_steps(rank, pl, m, CollOp::all_reduce, false, x.dtype(), n_ranks, [&](std::int64_t h) {
         return std::pair{whole * double(h) / double(m), h * n};
@@ -454,7 +456,7 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
   const std::size_t block_bytes = std::size_t(pl.step_rows * n) * e,
                     slot_bytes = block_bytes * std::size_t(n_ranks);
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), o.weight_transposed);
+  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
   const PipelineCost pc = price_steps(rank, pl, ml, CollOp::reduce_scatter, false, x.dtype(),
                                       n_ranks, [&](std::int64_t h) {
                                         return std::pair{whole * double(h) / double(ml), h * n};
@@ -513,7 +515,7 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
   const Pipeline pl = pipeline(ml, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * k) * e;
   const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
-  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), o.weight_transposed);
+  const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
   const PipelineCost pc =
       price_steps(rank, pl, ml, CollOp::all_gather, true, x.dtype(), n_ranks, [&](std::int64_t h) {
         return std::pair{whole * double(h) / double(ml), h * k};

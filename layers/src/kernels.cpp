@@ -14,10 +14,9 @@ Tensor alloc(const Rank& rank, const Shape& shape, DType dtype) {
 }
 
 double gemm_cost_ns(const Rank& rank, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
-                    bool weight_transposed) {
-  const DeviceProfile& p = rank.profile();
-  // A column-major weight has k-long rows: only k's alignment matters then.
-  return gemm_ns(p, m, weight_transposed ? k : n, k, dtype == DType::f64 ? DType::f64 : dtype);
+                    GemmLayout layout, SocPricing soc) {
+  if (soc.weight_col_major) layout.trans_b = true;
+  return gemm_ns(rank.profile(), m, n, soc.padded_k > 0 ? soc.padded_k : k, dtype, layout);
 }
 
 void gemm_now(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c,
@@ -77,26 +76,25 @@ void WeightOperand::gemm_now(const Tensor& a, const Tensor& c) const {
 }
 
 void matmul(Rank& rank, const std::string& name, const Tensor& a,
-            std::shared_ptr<const WeightOperand> w, const Tensor& c, bool weight_transposed) {
+            std::shared_ptr<const WeightOperand> w, const Tensor& c, SocPricing soc) {
   const std::int64_t m = a.size(0), k = a.size(1), n = c.size(1);
   rank.current_stream().launch(
       {.name = fmt::format("{} {}x{}x{}", name, m, k, n),
        .cls = OpClass::compute,
-       .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), weight_transposed),
+       .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), {false, w->transposed()}, soc),
        .flops = std::uint64_t(2 * m * n * k)},
       [=] { w->gemm_now(a, c); });
 }
 
 void matmul(Rank& rank, const std::string& name, const Tensor& a, bool ta, const Tensor& b, bool tb,
-            const Tensor& c, bool weight_transposed) {
+            const Tensor& c, SocPricing soc) {
   const std::int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1);
   const std::int64_t n = tb ? b.size(0) : b.size(1);
-  rank.current_stream().launch(
-      {.name = fmt::format("{} {}x{}x{}", name, m, k, n),
-       .cls = OpClass::compute,
-       .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), weight_transposed),
-       .flops = std::uint64_t(2 * m * n * k)},
-      [=, det = rank.deterministic()] { gemm_now(a, ta, b, tb, c, det); });
+  rank.current_stream().launch({.name = fmt::format("{} {}x{}x{}", name, m, k, n),
+                                .cls = OpClass::compute,
+                                .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), {ta, tb}, soc),
+                                .flops = std::uint64_t(2 * m * n * k)},
+                               [=, det = rank.deterministic()] { gemm_now(a, ta, b, tb, c, det); });
 }
 
 void add_bias_now(const Tensor& y, const Tensor& bias) {
@@ -128,6 +126,33 @@ void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g) {
                                  float* mg = main_grad.data<float>();
                                  const Tensor g32 = g.dtype() == DType::f32 ? g : g.to(DType::f32);
                                  const float* p = g32.data<float>();
+                                 for (std::int64_t i = 0; i < main_grad.numel(); ++i)
+                                   mg[i] += p[i];
+                               });
+}
+
+void weight_grad(Rank& rank, const std::string& name, const Tensor& dy, const Tensor& x,
+                 const Tensor& main_grad, bool fusion) {
+  if (!fusion) {
+    const Tensor dw = alloc(rank, main_grad.shape(), dy.dtype());
+    matmul(rank, name, dy, true, x, false, dw);
+    accumulate(rank, main_grad, dw);
+    return;
+  }
+  const std::int64_t m = dy.size(0), n = dy.size(1), k = x.size(1);
+  rank.current_stream().launch({.name = fmt::format("{} {}x{}x{} (+= main_grad)", name, n, m, k),
+                                .cls = OpClass::compute,
+                                .work_ns = gemm_cost_ns(rank, n, k, m, dy.dtype(), {true, false}),
+                                .flops = std::uint64_t(2 * m * n * k)},
+                               [=, det = rank.deterministic()] {
+                                 const DType wide =
+                                     dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
+                                 Tensor dw = Tensor::zeros(main_grad.shape(), wide);
+                                 gemm_now(dy.dtype() == wide ? dy : dy.to(wide), true,
+                                          x.dtype() == wide ? x : x.to(wide), false, dw, det);
+                                 float* mg = main_grad.data<float>();
+                                 const Tensor dw32 = wide == DType::f32 ? dw : dw.to(DType::f32);
+                                 const float* p = dw32.data<float>();
                                  for (std::int64_t i = 0; i < main_grad.numel(); ++i)
                                    mg[i] += p[i];
                                });

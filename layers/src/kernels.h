@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 
+#include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/det_gemm.h"
 
 #include "cocemu/runtime/tensor.h"
@@ -12,10 +13,19 @@
 
 namespace cocemu::layers::detail {
 
+/// What MindSpeed's matmul_soc_friendly did to a GEMM's operands before it runs: the price of
+/// the GEMM follows (the numerics do not change: a layout copy or zero padding of k leaves every
+/// product the same).
+struct SocPricing {
+  bool weight_col_major = false;  ///< the weight was copied to column-major
+  std::int64_t padded_k = 0;      ///< k after zero-padding; 0 when not padded
+};
+
 /// c[m, n] = op(a) · op(b) with the tiling-invariant GEMM; 16-bit inputs are widened to f32 and
-/// the result rounded once. `weight_transposed` only affects the price (matmul_soc_friendly).
+/// the result rounded once. Priced with the operands' layouts (b transposed is column-major) and
+/// `soc`.
 void matmul(Rank& rank, const std::string& name, const Tensor& a, bool trans_a, const Tensor& b,
-            bool trans_b, const Tensor& c, bool weight_transposed = false);
+            bool trans_b, const Tensor& c, SocPricing soc = {});
 /// The numerics of `matmul` alone (for fused kernels, already on a worker): det_gemm in
 /// deterministic mode, OpenBLAS (whose bits depend on the shape of the call) otherwise.
 void gemm_now(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
@@ -29,6 +39,7 @@ class WeightOperand {
       : w_(std::move(w)), trans_(trans), deterministic_(deterministic) {}
   /// c = a · op(w).
   void gemm_now(const Tensor& a, const Tensor& c) const;
+  bool transposed() const { return trans_; }
 
  private:
   Tensor w_;
@@ -38,15 +49,22 @@ class WeightOperand {
 };
 /// `matmul` of a row chunk against a shared weight operand.
 void matmul(Rank& rank, const std::string& name, const Tensor& a,
-            std::shared_ptr<const WeightOperand> w, const Tensor& c, bool weight_transposed);
-/// Modeled time of an m×k·k×n GEMM in `dtype` on this rank's profile.
+            std::shared_ptr<const WeightOperand> w, const Tensor& c, SocPricing soc = {});
+/// Modeled time of an m×k·k×n GEMM in `dtype` on this rank's profile, with its operands' layouts
+/// and what matmul_soc_friendly did to them.
 double gemm_cost_ns(const Rank& rank, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
-                    bool weight_transposed);
+                    GemmLayout layout, SocPricing soc = {});
 /// y[i, :] += bias (rounded once to y's dtype).
 void add_bias(Rank& rank, const Tensor& y, const Tensor& bias);
 void add_bias_now(const Tensor& y, const Tensor& bias);
 /// main_grad (f32) += g.
 void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g);
+/// The weight gradient main_grad (f32) += dyᵀ·x, dy [m, n], x [m, k]. With `fusion` (Megatron's
+/// gradient_accumulation_fusion) one GEMM accumulates into main_grad with f32 sums (16-bit
+/// inputs are widened, the product is not rounded to their dtype); without, a GEMM into a
+/// gradient of the input dtype and then an `accumulate` pass.
+void weight_grad(Rank& rank, const std::string& name, const Tensor& dy, const Tensor& x,
+                 const Tensor& main_grad, bool fusion);
 /// db (f32) += column sums of dy.
 void bias_grad(Rank& rank, const Tensor& db, const Tensor& dy);
 /// Row blocks [a, b, per] -> [b, a, per] (MindSpeed's shuffle_as_coc_*): src and dst [a·b·per, …].

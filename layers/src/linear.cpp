@@ -23,7 +23,9 @@ LinearOptions options_for(const CocConfig& c, std::int64_t m, std::int64_t k, st
   o.tiles_per_step = c.tiles_per_step;
   o.recompute_all_gather = c.recompute_all_gather;
   o.enable_coc_in_column_backward = c.enable_coc_in_column_backward;
-  o.weight_transposed = soc_friendly(c, m, k, n, ch.parallel_num, 2).transpose_weight;
+  o.matmul_soc_friendly = c.matmul_soc_friendly;
+  o.k_min = c.k_min;
+  o.k_max = c.k_max;
   return o;
 }
 
@@ -34,6 +36,7 @@ LinearOptions resolve(const LinearOptions& o, std::int64_t m, std::int64_t k, st
   if (!o.per_shape) return o;
   LinearOptions r = options_for(*o.per_shape, m, k, n);
   r.label = o.label;
+  r.gradient_accumulation_fusion = o.gradient_accumulation_fusion;  // Megatron's, not CoC's
   return r;
 }
 
@@ -48,7 +51,7 @@ int effective_chunks(int requested, std::int64_t rows) {
 }
 
 FusedOptions fused_options(const LinearOptions& o, const Rank& rank) {
-  return {o.tile_rows, o.tiles_per_step, rank.deterministic(), o.weight_transposed,
+  return {o.tile_rows, o.tiles_per_step, rank.deterministic(),
           o.label.empty() ? "" : o.label + " "};
 }
 
@@ -56,12 +59,52 @@ std::string name(const LinearOptions& o, const std::string& what) {
   return o.label.empty() ? what : o.label + " " + what;
 }
 
+/// MindSpeed's matmul_soc_friendly (get_aligned_mm_inputs, called by the coc_parallel_linears_*
+/// functions before they split) for a script op of P > 1 chunks over an [m, k]·[k, n] product,
+/// m as MindSpeed computes it. Launches the operand copies it makes on every call — the weight
+/// to column-major (`right.t().contiguous().t()`), or both operands zero-padded along k — and
+/// returns how the chunks' GEMMs are priced. The numerics keep the original operands: the
+/// products are the same. `local_rows`: rows of the left operand this rank pads.
+detail::SocPricing soc_prepare(Rank& rank, const LinearOptions& o, int P, std::int64_t m,
+                               std::int64_t local_rows, std::int64_t k, std::int64_t n, DType t,
+                               bool weight_col_major) {
+  CocConfig c;
+  c.matmul_soc_friendly = o.matmul_soc_friendly;
+  c.k_min = o.k_min;
+  c.k_max = o.k_max;
+  const std::size_t e = size_of(t);
+  const SocFriendly s = soc_friendly(c, m, k, n, P, e, weight_col_major);
+  const DeviceProfile& p = rank.profile();
+  if (s.transpose_weight) {
+    rank.current_stream().launch({.name = name(o, fmt::format("soc-friendly weight {}x{} to "
+                                                              "column-major",
+                                                              k, n)),
+                                  .cls = OpClass::compute,
+                                  .work_ns = memory_ns(p, 2 * std::uint64_t(k * n) * e)},
+                                 [] {});
+    return {true, 0};
+  }
+  if (s.padded_k != k) {
+    const std::uint64_t elems = std::uint64_t((local_rows + n) * (k + s.padded_k));
+    rank.current_stream().launch(
+        {.name = name(o, fmt::format("soc-friendly pad k {} -> {}", k, s.padded_k)),
+         .cls = OpClass::compute,
+         .work_ns = memory_ns(p, elems * e)},
+        [] {});
+    return {false, s.padded_k};
+  }
+  return {};
+}
+
 /// all_gather of row blocks: [m/ws, k] on every rank -> [m, k] rank-major. Script: P chunks,
 /// comm first, each chunk's matmul overlapping the next chunk's gather; the gathered chunks
 /// arrive as [P, ws, per] and are reordered back to [ws, P, per] (MindSpeed's
-/// shuffle_as_coc_reduce_scatter). Returns the gathered input and fills `out` = gathered · op(w).
+/// shuffle_as_coc_reduce_scatter). Fills `out` = gathered · op(w). Returns the gathered input in
+/// rank-major order if `keep_gathered`; otherwise an undefined tensor, and the script path skips
+/// the gathered input's reorder, as MindSpeed reorders it only when it is kept.
 Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
-                          const Tensor& out, const LinearOptions& o, const std::string& what) {
+                          const Tensor& out, const LinearOptions& o, const std::string& what,
+                          bool keep_gathered) {
   Rank& rank = g.owner();
   const int ws = g.size();
   const std::int64_t ml = x.size(0), k = x.size(1), m = ml * ws;
@@ -73,10 +116,11 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
   const int P = o.strategy == Strategy::script ? effective_chunks(o.parallel_num, ml) : 1;
   if (P == 1 && o.strategy == Strategy::serial) {
     all_gather(g, full, x, {.label = fmt::format(" {}", name(o, what))});
-    matmul(rank, name(o, what + " matmul"), full, false, w, trans_w, out, o.weight_transposed);
+    matmul(rank, name(o, what + " matmul"), full, false, w, trans_w, out);
     return full;
   }
   const std::int64_t per = ml / P, n = out.size(1);
+  const detail::SocPricing soc = soc_prepare(rank, o, P, m, ml, k, n, x.dtype(), trans_w);
   Tensor gathered = alloc(rank, {m, k}, x.dtype());  // [P, ws, per] rows
   Tensor shuffled = alloc(rank, {m, n}, out.dtype());
   const auto wop = std::make_shared<const detail::WeightOperand>(w, trans_w, rank.deterministic());
@@ -90,10 +134,11 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
       works[std::size_t(i - 1)].wait();
       matmul(rank, fmt::format("{}[{}/{}]", name(o, what + " matmul"), i, P),
              gathered.rows((i - 1) * ws * per, i * ws * per), wop,
-             shuffled.rows((i - 1) * ws * per, i * ws * per), o.weight_transposed);
+             shuffled.rows((i - 1) * ws * per, i * ws * per), soc);
     }
   }
   detail::shuffle_rows(rank, shuffled, out, P, ws);
+  if (!keep_gathered) return Tensor();
   detail::shuffle_rows(rank, gathered, full, P, ws);
   return full;
 }
@@ -137,11 +182,12 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o_in)
   const LinearOptions o = resolve(o_in, m, k, nl);
   Tensor y = alloc(rank, {m, nl}, x.dtype());
   if (!sp_) {
-    matmul(rank, name(o, "column fwd matmul"), x, false, weight_, true, y, o.weight_transposed);
+    matmul(rank, name(o, "column fwd matmul"), x, false, weight_, true, y);
     saved_input_ = x;
     saved_is_gathered_ = false;
   } else {
-    Tensor full = gather_then_matmul(tp_, x, weight_, true, y, o, "column fwd all_gather");
+    Tensor full = gather_then_matmul(tp_, x, weight_, true, y, o, "column fwd all_gather",
+                                     !o.recompute_all_gather);
     saved_input_ = o.recompute_all_gather ? x : full;
     saved_is_gathered_ = !o.recompute_all_gather;
   }
@@ -173,9 +219,11 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   const LinearOptions o = resolve(o_in, m, nl, k);
   Tensor dx_full = alloc(rank, {m, k}, dy.dtype());
   Tensor x_full = saved_input_;
-  // As Megatron's LinearWithGradAccumulationAndAsyncCommunication, in every strategy: the input
-  // re-gather and the grad-input reduction run async, overlapping the weight-gradient GEMM.
-  Work gather_work;
+  // As Megatron's LinearWithGradAccumulationAndAsyncCommunication.backward and MindSpeed's
+  // RewriteColumnSeqParallelFunction.backward, in every strategy: the input re-gather runs async
+  // beside the grad-input GEMM and is waited for right after it; the grad-input reduction is then
+  // issued async, the weight gradient runs, and only then is the reduction waited for.
+  Work gather_work, reduce_work;
   if (sp_ && !saved_is_gathered_) {  // recompute_all_gather: re-gather the input (async)
     x_full = alloc(rank, {m, k}, dy.dtype());
     gather_work = all_gather(tp_, x_full, saved_input_,
@@ -184,26 +232,26 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   Tensor dx;
   if (!sp_) {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
-    Work w = all_reduce(tp_, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
+    reduce_work =
+        all_reduce(tp_, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
     dx = dx_full;
-    gather_work = w;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
     dx = alloc(rank, {m / ws, k}, dy.dtype());
     matmul_reduce_scatter(tp_, dy, weight_, false, Tensor(), dx,
                           fused_options(o, rank));  // dX = RS(dY · W)
+    gather_work.wait();
   } else {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
+    gather_work.wait();
     dx = alloc(rank, {m / ws, k}, dy.dtype());
-    gather_work =
+    reduce_work =
         reduce_scatter(tp_, dx, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
   }
-  // Weight gradient (not split), overlapping the grad-input communication.
-  if (sp_ && !saved_is_gathered_) gather_work.wait();
-  Tensor dw = alloc(rank, weight_.shape(), dy.dtype());
-  matmul(rank, name(o, "column bwd wgrad"), dy, true, x_full, false, dw);
-  detail::accumulate(rank, main_grad_, dw);
+  // Weight gradient (not split), overlapping the grad-input reduction.
+  detail::weight_grad(rank, name(o, "column bwd wgrad"), dy, x_full, main_grad_,
+                      o.gradient_accumulation_fusion);
   detail::bias_grad(rank, bias_grad_, dy);
-  gather_work.wait();
+  reduce_work.wait();
   return dx;
 }
 
@@ -260,6 +308,8 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
     }
     const int P = o.strategy == Strategy::script ? effective_chunks(o.parallel_num, m) : 1;
     const std::int64_t per = m / P;
+    // MindSpeed's COCRowAllReduceFunction passes sp_coef = tp here too.
+    const detail::SocPricing soc = soc_prepare(rank, o, P, m * ws, m, kl, n, x.dtype(), true);
     const auto wop =
         std::make_shared<const detail::WeightOperand>(weight_, true, rank.deterministic());
     std::vector<Work> works;
@@ -268,7 +318,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
       const std::string tag =
           P > 1 || o.strategy == Strategy::script ? fmt::format("[{}/{}]", i + 1, P) : "";
       matmul(rank, name(o, "row fwd matmul") + tag, x.rows(i * per, (i + 1) * per), wop,
-             y.rows(i * per, (i + 1) * per), o.weight_transposed);
+             y.rows(i * per, (i + 1) * per), soc);
       works.push_back(all_reduce(tp_, y.rows(i * per, (i + 1) * per),
                                  {.async_op = true, .label = tag + " " + name(o, "row fwd")}));
     }
@@ -289,6 +339,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
   const int P = o.strategy == Strategy::script ? effective_chunks(o.parallel_num, m / ws) : 1;
   const std::int64_t per = m / ws / P;
   // Reorder the input [ws, P, per] -> [P, ws, per] so chunk i holds every rank's i-th sub-block.
+  const detail::SocPricing soc = soc_prepare(rank, o, P, m, m, kl, n, x.dtype(), true);
   Tensor xs = x;
   if (P > 1) {
     xs = alloc(rank, x.shape(), x.dtype());
@@ -301,7 +352,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
   for (int i = 0; i < P; ++i) {
     const std::string tag = o.strategy == Strategy::script ? fmt::format("[{}/{}]", i + 1, P) : "";
     matmul(rank, name(o, "row fwd matmul") + tag, xs.rows(i * ws * per, (i + 1) * ws * per), wop,
-           partial.rows(i * ws * per, (i + 1) * ws * per), o.weight_transposed);
+           partial.rows(i * ws * per, (i + 1) * ws * per), soc);
     works.push_back(reduce_scatter(tp_, y.rows(i * per, (i + 1) * per),
                                    partial.rows(i * ws * per, (i + 1) * ws * per),
                                    {.async_op = true, .label = tag + " " + name(o, "row fwd")}));
@@ -327,11 +378,10 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o_in) 
   if (!sp_) {
     matmul(rank, name(o, "row bwd grad-input matmul"), dy, false, weight_, false, dx);
   } else {
-    dy_full = gather_then_matmul(tp_, dy, weight_, false, dx, o, "row bwd all_gather");
+    dy_full = gather_then_matmul(tp_, dy, weight_, false, dx, o, "row bwd all_gather", true);
   }
-  Tensor dw = alloc(rank, weight_.shape(), dy.dtype());
-  matmul(rank, name(o, "row bwd wgrad"), dy_full, true, saved_input_, false, dw);
-  detail::accumulate(rank, main_grad_, dw);
+  detail::weight_grad(rank, name(o, "row bwd wgrad"), dy_full, saved_input_, main_grad_,
+                      o.gradient_accumulation_fusion);
   detail::bias_grad(rank, bias_grad_, dy);
   if (input_is_parallel_) return dx;
   // The input was scattered by columns: gather the gradient's column blocks.

@@ -225,6 +225,8 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   detail::copy_columns(rank, s->k, qkv, hl, false);
   detail::copy_columns(rank, s->v, qkv, hl + kvl, false);
   // Core attention over this rank's heads, causal, SBH layout ([S, B, heads·d] = the [m, hl] rows).
+  // Queued kernels own what they read (values and the shared saved state, never `this`), so a
+  // layer may be destroyed before its streams drain, as PyTorch's in-flight kernels keep theirs.
   s->pos.resize(std::size_t(c_.seq));
   for (std::int64_t i = 0; i < c_.seq; ++i)
     s->pos[std::size_t(i)] = i;
@@ -242,10 +244,10 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
        .work_ns =
            attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d, c_.dtype, 0.5),
        .flops = std::uint64_t(flops)},
-      [=, this] {
+      [=, seq = c_.seq, batch = c_.batch] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
-        const Shape q_sbh{c_.seq, c_.batch, hl}, kv_sbh{c_.seq, c_.batch, kvl};
+        const Shape q_sbh{seq, batch, hl}, kv_sbh{seq, batch, kvl};
         const Tensor out = widened(s->attn);
         attn::attention_forward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
                                 widened(s->v).reshape(kv_sbh), out.reshape(q_sbh), s->lse);
@@ -355,10 +357,10 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
        .cls = OpClass::compute,
        .work_ns = 2.5 * attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
                                      c_.dtype, 0.5)},
-      [=, this] {
+      [=, seq = c_.seq, batch = c_.batch] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
-        const Shape q_sbh{c_.seq, c_.batch, hl}, kv_sbh{c_.seq, c_.batch, kvl};
+        const Shape q_sbh{seq, batch, hl}, kv_sbh{seq, batch, kvl};
         const Tensor attn = widened(s->attn).reshape(q_sbh), dout = widened(dattn).reshape(q_sbh);
         const Tensor dq32 = widened(dq), dk32 = widened(dk), dv32 = widened(dv);
         const Tensor delta = attn::attention_delta(aa, attn, dout);

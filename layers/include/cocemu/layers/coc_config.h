@@ -49,12 +49,17 @@ struct CocChoice {
 };
 CocChoice choose(const CocConfig& config, std::int64_t m, std::int64_t k, std::int64_t n);
 
-/// MindSpeed's matmul_soc_friendly decision for one split GEMM (512-byte packages).
+/// MindSpeed's matmul_soc_friendly decision for one script op split into `parallel_num` chunks
+/// (512-byte packages; m as get_aligned_mm_inputs sees it, i.e. with its sp_coef applied). It
+/// applies only to script ops with P > 1. A weight that is already column-major (Megatron's
+/// x·Wᵀ) is not copied again; k is padded only when m/P and n are aligned and k is in
+/// [k_min, k_max] and not 32-byte aligned.
 struct SocFriendly {
-  bool transpose_weight = false;  ///< weight made column-major
+  bool transpose_weight = false;  ///< weight copied to column-major
   std::int64_t padded_k = 0;      ///< k after zero-padding (= k when not padded)
 };
 SocFriendly soc_friendly(const CocConfig& config, std::int64_t m, std::int64_t k, std::int64_t n,
-                         int parallel_num, std::size_t element_bytes);
+                         int parallel_num, std::size_t element_bytes,
+                         bool weight_col_major = false);
 
 }  // namespace cocemu::layers

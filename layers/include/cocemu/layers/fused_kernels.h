@@ -29,7 +29,6 @@ struct FusedOptions {
   std::int64_t tile_rows = 128;
   int tiles_per_step = 2;
   bool deterministic = true;
-  bool weight_transposed = false;
   std::string label;
   /// Checked mode: every slot write verifies that each peer consumed the slot's previous contents
   /// and every read verifies that the owner raised its flag for this step; violations are errors

@@ -34,8 +34,15 @@ struct LinearOptions {
   int tiles_per_step = 2;        ///< fused: tiles per communication step
   bool recompute_all_gather = true;
   bool enable_coc_in_column_backward = false;
-  bool weight_transposed = false;  ///< matmul_soc_friendly made the weight column-major (pricing)
-  std::string label;               ///< trace name prefix, e.g. "mlp.up"
+  /// Megatron's default (--no-gradient-accumulation-fusion turns it off): the weight-gradient
+  /// GEMM accumulates into the f32 main_grad in one kernel (MindSpeed: npu_matmul_add_fp32);
+  /// false: a GEMM into a gradient of the input dtype, then a separate main_grad += pass.
+  bool gradient_accumulation_fusion = true;
+  /// MindSpeed's matmul_soc_friendly on script ops with P > 1: the weight copied to column-major
+  /// or k zero-padded, priced as copies and a differently shaped GEMM (numerics unchanged).
+  bool matmul_soc_friendly = true;
+  std::int64_t k_min = 1024, k_max = 4096;  ///< the k range in which k may be padded
+  std::string label;                        ///< trace name prefix, e.g. "mlp.up"
   /// If set, every op takes its options from this config for its own [m, k, n] (m as MindSpeed
   /// counts it: gathered for the SP column forward and row backward; k and n of the local GEMM,
   /// for the backward its grad-input product), as MindSpeed's get_parallel_num does.

@@ -54,12 +54,35 @@ Tensor alloc(Rank& rank, const Shape& shape, DType t) {
   return rank.numerics() ? Tensor::zeros(shape, t) : Tensor::shape_only(shape, t);
 }
 
+/// dst += src, elementwise (f32 or f64).
+void add_into(const Tensor& dst, const Tensor& src) {
+  visit_dtype(dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      T* d = dst.data<T>();
+      const T* s = src.data<T>();
+      for (std::int64_t i = 0; i < dst.numel(); ++i)
+        d[i] += s[i];
+    }
+  });
+}
+
 /// Launches host-side data movement or math on the compute stream, priced as memory traffic.
 void on_compute(Rank& rank, std::string name, std::uint64_t bytes, std::function<void()> fn) {
   rank.compute_stream().launch({.name = std::move(name),
                                 .cls = OpClass::compute,
                                 .work_ns = memory_ns(rank.profile(), bytes),
                                 .bytes = bytes},
+                               std::move(fn));
+}
+
+/// Data movement that only hands results back in the caller's layout (the LSE, which MindSpeed
+/// keeps inside its flash-attention kernels): numerics only, free and launch-free in the model.
+void emulator_only(Rank& rank, const std::string& name, std::function<void()> fn) {
+  rank.compute_stream().launch({.name = name + " (emulator only, unpriced)",
+                                .cls = OpClass::compute,
+                                .work_ns = 0,
+                                .launch = LaunchKind::none},
                                std::move(fn));
 }
 
@@ -136,6 +159,22 @@ void validate(const CpConfig& c, const AttentionProblem& p) {
                        "divide it",
                        c.cp_window_size, ring);
   }
+  if (c.use_cp_send_recv_overlap && algo != "ulysses_cp_algo") {
+    // RingP2P pairs a sender and its receiver by parity over two communicators: in a ring of odd
+    // size the last rank and rank 0 are both even, so the one sends where the other does not
+    // receive, and MindSpeed hangs.
+    const int ring = algo == "hybrid_cp_algo" ? cp / c.ulysses_degree_in_cp : cp;
+    const int w = c.cp_window_size;
+    for (auto [size, what] :
+         {std::pair{w > 1 ? w : 0, "inner (intra-window) ring"},
+          std::pair{ring / w > 1 ? ring / w : 0, w > 1 ? "outer ring (across windows)" : "ring"}})
+      COCEMU_CHECK_ARG(size % 2 == 0,
+                       "use_cp_send_recv_overlap with a {} of {} ranks: MindSpeed's RingP2P pairs "
+                       "sends and receives by rank parity over two communicators, so in an odd "
+                       "ring its last rank and rank 0 (both even) use different ones and hang; "
+                       "allowed: even ring sizes, or the overlap off",
+                       what, size);
+  }
 }
 
 std::vector<std::int64_t> token_positions(const CpConfig& c, std::int64_t seq, int cp_rank) {
@@ -184,24 +223,31 @@ struct CpAttention::Impl {
   }
 
   /// Head shards -> sequence shards: x is [u·S_l, B, (H/u)·d]; the result is [S_l, B, H·d].
-  Tensor head_to_seq(const Tensor& x, std::int64_t heads, std::int64_t d, const std::string& what) {
+  /// `unpriced`: an emulator-only transfer (not run, priced or counted as the real system's).
+  Tensor head_to_seq(const Tensor& x, std::int64_t heads, std::int64_t d, const std::string& what,
+                     bool unpriced = false) {
     const int u = self.u_;
     const std::int64_t S = x.size(0) / u, Bb = B, hu = heads / u, blk = S * Bb * hu * d;
     Tensor gathered = alloc(rank, {u * blk}, x.dtype());
-    all_to_all(self.ulysses_, gathered, x.reshape({u * blk}), {.label = " " + what});
-    record("a2a " + what, 0, std::uint64_t(blk) * (u - 1) * size_of(x.dtype()), u - 1);
+    all_to_all(self.ulysses_, gathered, x.reshape({u * blk}),
+               {.label = " " + what, .emulator_only = unpriced});
+    if (!unpriced)
+      record("a2a " + what, 0, std::uint64_t(blk) * (u - 1) * size_of(x.dtype()), u - 1);
     Tensor out = alloc(rank, {S, B, heads * d}, x.dtype());
-    on_compute(
-        rank, "unpack " + what, 2 * x.nbytes(), [x, gathered, out, u, S, Bb, hu, d, heads, blk] {
-          const std::size_t e = size_of(x.dtype()), row = std::size_t(hu * d) * e;
-          const auto* src = static_cast<const std::byte*>(gathered.raw());
-          auto* dst = static_cast<std::byte*>(out.raw());
-          for (int r = 0; r < u; ++r)
-            for (std::int64_t sb = 0; sb < S * Bb; ++sb)
-              std::memcpy(dst + std::size_t(sb * heads * d) * e + std::size_t(r) * row,
-                          src + (std::size_t(r) * std::size_t(blk) + std::size_t(sb * hu * d)) * e,
-                          row);
-        });
+    auto unpack = [x, gathered, out, u, S, Bb, hu, d, heads, blk] {
+      const std::size_t e = size_of(x.dtype()), row = std::size_t(hu * d) * e;
+      const auto* src = static_cast<const std::byte*>(gathered.raw());
+      auto* dst = static_cast<std::byte*>(out.raw());
+      for (int r = 0; r < u; ++r)
+        for (std::int64_t sb = 0; sb < S * Bb; ++sb)
+          std::memcpy(dst + std::size_t(sb * heads * d) * e + std::size_t(r) * row,
+                      src + (std::size_t(r) * std::size_t(blk) + std::size_t(sb * hu * d)) * e,
+                      row);
+    };
+    if (unpriced)
+      emulator_only(rank, "unpack " + what, unpack);
+    else
+      on_compute(rank, "unpack " + what, 2 * x.nbytes(), unpack);
     return out;
   }
 
@@ -268,9 +314,30 @@ struct CpAttention::Impl {
     return std::max(flops / (prof.peak(p.dtype) * eff) * 1e9, prof.kernel_min_ns);
   }
 
-  /// One transfer on the ring group: send `out` to ring member `to`, receive `in` from `from`.
-  Work exchange(const Tensor& out, int to, const Tensor& in, int from, const std::string& label) {
-    return batch_isend_irecv(self.ring_, {{P2POp::send, out, to, 0}, {P2POp::recv, in, from, 0}});
+  /// One ring transfer: a send of `out` to ring member `to` and a receive of `in` from `from`,
+  /// posted as MindSpeed's RingP2P.async_send_recv posts them — by the parity of this rank's
+  /// position in that ring, even ranks send on the first communicator and receive on the second,
+  /// odd ranks the reverse. Without use_cp_send_recv_overlap both are one communicator, so a
+  /// rank's send and receive serialise on its stream; with it they run on two.
+  struct Transfer {
+    Work send, recv;
+    void wait() const {
+      send.wait();
+      recv.wait();
+    }
+  };
+  Transfer exchange(bool inner, int ring_pos, const Tensor& out, int to, const Tensor& in,
+                    int from) {
+    Group* g = inner ? self.inner_ : self.outer_;
+    Transfer t;
+    if (ring_pos % 2 == 0) {
+      t.send = isend(g[0], out, to);
+      t.recv = irecv(g[1], in, from);
+    } else {
+      t.recv = irecv(g[0], in, from);
+      t.send = isend(g[1], out, to);
+    }
+    return t;
   }
 
   // Ring coordinates of this rank: windows of w members; nw windows.
@@ -282,46 +349,41 @@ struct CpAttention::Impl {
   int member(int win, int at) const { return mod(win, nw()) * w() + mod(at, w()); }
 
   /// Walks the (double) ring, calling visit(src, step, i, kv) for every KV block in visiting
-  /// order: an outer transfer per window (to the same position in the next window) and inner
-  /// transfers within a window. With overlap, each transfer is posted before the compute it hides
-  /// behind; without, after it.
+  /// order, with each transfer posted before the compute it hides behind and waited after it, as
+  /// MindSpeed's AttentionWithCp does (ring_context_parallel.py, forward and backward): the outer
+  /// transfer (to the same position in the next window) at the start of a window, waited after
+  /// its w inner steps; each inner transfer before its step's block.
   void walk_ring(const Tensor& own_kv,
                  const std::function<void(int src, int step, int i, const Tensor& kv)>& visit) {
     const int W = me() / w(), pos = me() % w();
-    const bool overlap = self.config_.use_cp_send_recv_overlap;
     const std::uint64_t kv_bytes = own_kv.nbytes();
     Tensor blk = own_kv;
     int step = 0;
     for (int o = 0; o < nw(); ++o) {
       Tensor round_start = blk, next_round;
-      Work outer;
+      Transfer outer;
       const bool has_outer = o + 1 < nw();
-      auto post_outer = [&] {
+      if (has_outer) {
         next_round = alloc(rank, own_kv.shape(), p.dtype);
-        outer =
-            exchange(round_start, member(W + 1, pos), next_round, member(W - 1, pos), "kv outer");
+        outer = exchange(false, W, round_start, member(W + 1, pos), next_round, member(W - 1, pos));
         self.transfers_.push_back({w() > 1 ? "kv outer" : "kv ring", o, kv_bytes, 1});
-      };
-      if (has_outer && overlap) post_outer();
+      }
       Tensor cur = round_start;
       for (int i = 0; i < w(); ++i, ++step) {
         Tensor nxt;
-        Work inner;
+        Transfer inner;
         const bool has_inner = i + 1 < w();
-        auto post_inner = [&] {
+        if (has_inner) {
           nxt = alloc(rank, own_kv.shape(), p.dtype);
-          inner = exchange(cur, member(W, pos + 1), nxt, member(W, pos - 1), "kv inner");
+          inner = exchange(true, pos, cur, member(W, pos + 1), nxt, member(W, pos - 1));
           self.transfers_.push_back({"kv inner", step, kv_bytes, 1});
-        };
-        if (has_inner && overlap) post_inner();
+        }
         visit(member(W - o, pos - i), step, i, cur);
-        if (has_inner && !overlap) post_inner();
         if (has_inner) {
           inner.wait();
           cur = nxt;
         }
       }
-      if (has_outer && !overlap) post_outer();
       if (has_outer) {
         outer.wait();
         blk = next_round;
@@ -403,6 +465,25 @@ CpAttention::CpAttention(Group& cp_group, const CpConfig& config, const Attentio
   } else {
     ulysses_ = split(cp_group, me / u_, me);
     ring_ = split(cp_group, me % u_, me);
+  }
+  // The ring's communicators, as MindSpeed's AttentionWithCp builds its RingP2P objects: the
+  // outer ring on cp_group plus, with use_cp_send_recv_overlap, cp_group_for_send_recv_overlap;
+  // the inner ring of a double ring on cp_group_for_intra_window (and its overlap twin). Each
+  // communicator beyond the first has its stream, as a PyTorch process group does, so its
+  // transfers overlap the others'.
+  if (ring_size_ > 1) {
+    const bool two = config.use_cp_send_recv_overlap;
+    auto communicator = [&](const char* stream) {
+      Group g = split(ring_, 0, ring_.rank());
+      g.set_stream(rank.new_stream(stream));
+      return g;
+    };
+    outer_[0] = ring_;
+    outer_[1] = two ? communicator("cp send/recv overlap") : ring_;
+    if (window_ > 1) {
+      inner_[0] = communicator("cp intra-window");
+      inner_[1] = two ? communicator("cp intra-window overlap") : inner_[0];
+    }
   }
   for (int j = 0; j < ring_size_; ++j) {  // tokens of ring member j after the Ulysses all_to_all
     std::vector<std::int64_t> t;
@@ -501,7 +582,7 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
   Tensor lse_s = alloc(rank, {Sp, p.batch, hq}, p.dtype);
   {
     Tensor src = lse_;
-    on_compute(rank, "lse to SBH", 2 * src.nbytes(), [=] {
+    emulator_only(rank, "lse to SBH", [=] {
       lse_s.copy_from(
           convert_layout(src.reshape({p.batch, hq, Sp, 1}), Layout::bnsd, Layout::sbh, hq, 1)
               .reshape(lse_s.shape()));
@@ -509,13 +590,13 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
   }
   if (u_ > 1) {
     out_s = im.head_to_seq(out_s, p.heads, p.head_dim, "out");
-    lse_s = im.head_to_seq(lse_s, p.heads, 1, "lse");
+    lse_s = im.head_to_seq(lse_s, p.heads, 1, "lse", true);
   }
   result.out = out_s;
   result.lse = alloc(rank, {p.batch, p.heads, S}, p.dtype);
   {
     Tensor dst = result.lse, src = lse_s;
-    on_compute(rank, "lse to BNS", 2 * src.nbytes(), [=] {
+    emulator_only(rank, "lse to BNS", [=] {
       dst.copy_from(
           convert_layout(src.reshape({S, p.batch, p.heads}), Layout::sbh, Layout::bnsd, p.heads, 1)
               .reshape(dst.shape()));
@@ -573,29 +654,47 @@ CpAttention::Grads CpAttention::backward(const Tensor& dout) {
     });
   }
   const int R = ring_size_, w = window_, W = me / w, pos = me % w;
-  Tensor acc = alloc(rank, {2 * im.kv_elems()}, p.dtype);  // dK, dV of the block in hand
+  // dK|dV of the block in hand travel with it, as in MindSpeed's backward
+  // (ring_context_parallel.py, AttentionWithCp.backward): step t computes its block's contribution,
+  // then waits for the block's accumulator from the rank that held it at step t − 1, adds, and
+  // posts it on — so each dK/dV transfer hides behind the next block's kernel. It moves to the
+  // inner neighbour, or diagonally to the next window at the end of a window (where that block
+  // starts the next round), and finally to the block's owner.
+  const std::int64_t kv_n = 2 * im.kv_elems();
+  Tensor acc, incoming;
+  Impl::Transfer pending;
   im.walk_ring(kv, [&](int src, int step, int i, const Tensor& cur) {
     const auto a = im.args(hq, hk, mypos, ring_pos_[std::size_t(src)]);
     const std::int64_t pairs = visible_pairs(a);
+    Tensor part = alloc(rank, {kv_n}, p.dtype);
     if (pairs > 0) {
-      const Tensor dk_acc = im.part(acc, 0), dv_acc = im.part(acc, 1);
+      const Tensor dk_part = im.part(part, 0), dv_part = im.part(part, 1);
       im.launch_block("bwd", step, a, 10.0 * double(pairs) * double(p.head_dim), mypos,
                       ring_pos_[std::size_t(src)], cur,
-                      [q = q_, lse = lse_, dok, delta, dq, dk_acc, dv_acc](
+                      [q = q_, lse = lse_, dok, delta, dq, dk_part, dv_part](
                           const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
-                        attention_backward(aa, q, k, v, dok, lse, delta, dq, dk_acc, dv_acc);
+                        attention_backward(aa, q, k, v, dok, lse, delta, dq, dk_part, dv_part);
                       });
     }
-    // dK/dV of this block move on: to the inner neighbour, or diagonally to the next window at
-    // the end of a round (where that block starts the next round), finally to the owner.
+    if (step == 0) {
+      acc = part;
+    } else {
+      pending.wait();
+      acc = incoming;
+      on_compute(rank, "dkv add", 3 * part.nbytes(), [acc, part] { add_into(acc, part); });
+    }
     if (R == 1) return;
-    const int to = i + 1 < w ? im.member(W, pos + 1) : im.member(W + 1, pos + 1);
-    const int from = i + 1 < w ? im.member(W, pos - 1) : im.member(W - 1, pos - 1);
-    Tensor next_acc = alloc(rank, {2 * im.kv_elems()}, p.dtype);
-    im.exchange(acc, to, next_acc, from, "dkv").wait();
+    const bool in_window = i + 1 < w;
+    const int to = in_window ? im.member(W, pos + 1) : im.member(W + 1, pos + 1);
+    const int from = in_window ? im.member(W, pos - 1) : im.member(W - 1, pos - 1);
+    incoming = alloc(rank, {kv_n}, p.dtype);
+    pending = im.exchange(in_window, in_window ? pos : W, acc, to, incoming, from);
     transfers_.push_back({"dkv", step, acc.nbytes(), 1});
-    acc = next_acc;
   });
+  if (R > 1) {  // the last block's dK/dV reach their owner: nothing left to hide behind
+    pending.wait();
+    acc = incoming;
+  }
   // acc now holds this rank's own block's dK, dV.
   Tensor dk_k = im.part(acc, 0), dv_k = im.part(acc, 1);
   Tensor dq_s = im.to_storage(dq, hq), dk_s = im.to_storage(dk_k, hk),

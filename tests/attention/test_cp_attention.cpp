@@ -1,8 +1,8 @@
 // Context-parallel attention (R-AT-2…4): every algorithm × mask × layout × head configuration ×
 // cp degree × (Ulysses degree, window) factorisation equals a single-rank dense f64 reference;
 // gradients pass finite differences; overlap and schedule seeds do not change a bit; MindSpeed's
-// validation rules give clear errors; transfers match closed-form volumes; overlap is visible in
-// the modeled trace.
+// validation rules give clear errors; transfers match closed-form volumes; the modeled ring
+// schedules are MindSpeed's, with golden times.
 #include <gtest/gtest.h>
 
 #include "attention_testing.h"
@@ -142,7 +142,8 @@ TEST(CpAttention, OddRingSizesWork) {
       AttentionProblem p{1, 2, 1, S, 8, DType::f64, causal ? nullptr : test_mask(S), 0};
       const Full in = random_inputs(p, 3);
       const Reference ref = reference(p, in, causal);
-      const auto r = run_cp(config_of({"megatron_cp_algo", cp, 1, 1}, causal, true, true), p, in);
+      // Odd rings need the overlap option off (MindSpeed's parity pairing; see below).
+      const auto r = run_cp(config_of({"megatron_cp_algo", cp, 1, 1}, causal, true, false), p, in);
       EXPECT_LE(rel_error(r.out, ref.out), 1e-12) << cp;
       EXPECT_LE(rel_error(r.dq, ref.dq), 1e-12) << cp;
       EXPECT_LE(rel_error(r.dk, ref.dk), 1e-12) << cp;
@@ -330,10 +331,12 @@ TEST(CpAttention, TransfersMatchClosedFormVolumes) {
           const std::int64_t kvh = repeated ? H : G;
           m = 0;
           const std::uint64_t fwd_a2a = total(f, "a2a", &m);
-          const std::int64_t elems =
-              Sl * B * D * (H + 2 * kvh + H) + Sl * B * H;  // q k v out + lse
+          // q, k, v and out: (u−1)/u · b·s·d·e·(2H + 2G) (reference/cp-semantics.md §1.4). The
+          // LSE goes back to the caller's layout too, but that is emulator-only and not counted:
+          // MindSpeed keeps it inside its flash-attention kernels.
+          const std::int64_t elems = Sl * B * D * (H + 2 * kvh + H);
           EXPECT_EQ(fwd_a2a, std::uint64_t(elems * (a.u - 1) / a.u * e)) << a.name << " G " << G;
-          EXPECT_EQ(m, 5 * (a.u - 1));
+          EXPECT_EQ(m, 4 * (a.u - 1));
           m = 0;
           const std::uint64_t bwd_a2a = total(b, "a2a", &m);
           EXPECT_EQ(bwd_a2a, std::uint64_t(Sl * B * D * (H + H + 2 * kvh) * (a.u - 1) / a.u * e));
@@ -351,28 +354,102 @@ std::vector<ScheduledOp> spans(const RunResult& run, const std::string& prefix, 
   return v;
 }
 
-TEST(CpAttention, OverlapIsVisibleInTheModeledTrace) {
-  AttentionProblem p{1, 4, 4, 256, 32, DType::f64, nullptr, 0};
-  const Full in = random_inputs(p, 2);
+// Modeled ring schedules as MindSpeed's AttentionWithCp runs them (ring_context_parallel.py), on
+// the round-number profile (1 TFLOP/s, links 1 B/ns full duplex, no latency), dry run, bf16,
+// causal (zigzag), cp = 4, one head, head_dim 128, c = S/8 tokens per chunk, 2c per rank:
+//   KV (and dK|dV) message  T  = 2·2c·128·2 B            = 4c·256 ns
+//   forward block, half      F  = 4·2c²·128 flop / 1e3
+//   forward block, diagonal  F0 = 4·(2c² + c)·128 / 1e3
+//   backward blocks          B, B0 = 10/4 of F, F0
+// Each transfer is posted before the block it hides behind. Without use_cp_send_recv_overlap a
+// rank's send and receive share one communicator and go one after the other, in parity order
+// (even ranks send first): an exchange takes 2T; with it, T.
+struct RingTimes {
+  std::vector<ScheduledOp> blocks, sends, recvs;
+};
+
+RingTimes ring_times(std::int64_t c, bool overlap, bool backward) {
   WorldOptions o;
-  o.profile = cocemu::testing::round_profile();  // no launch overhead: only the streams order ops
-  for (bool overlap : {true, false}) {
-    const auto r =
-        run_cp(config_of({"megatron_cp_algo", 4, 1, 1}, true, true, overlap), p, in, o, false);
-    const auto compute = spans(r.run, "attn fwd[", OpClass::compute);
-    const auto xfer = spans(r.run, "batch_isend_irecv", OpClass::comm);
-    ASSERT_EQ(compute.size(), 4u);
-    ASSERT_EQ(xfer.size(), 3u);
-    for (std::size_t i = 0; i < 3; ++i) {
-      // Transfer i brings the KV block of step i+1.
-      const bool concurrent =
-          xfer[i].start_ns < compute[i].end_ns && compute[i].start_ns < xfer[i].end_ns;
-      if (overlap)
-        EXPECT_TRUE(concurrent) << "step " << i;
-      else
-        EXPECT_GE(xfer[i].start_ns, compute[i].end_ns) << "step " << i;
+  o.numerics = false;
+  o.profile = cocemu::testing::round_profile();
+  const AttentionProblem p{1, 1, 1, 8 * c, 128, DType::bf16, nullptr, 0};
+  const CpConfig cfg = config_of({"megatron_cp_algo", 4, 1, 1}, true, true, overlap);
+  const RunResult run = cocemu::testing::run_ranks(
+      4,
+      [&](Rank& rank) {
+        Group world = Group::world(rank);
+        CpAttention attn(world, cfg, p);
+        const Tensor q = Tensor::shape_only({2 * c, 1, 128}, DType::bf16);
+        attn.forward(q, q, q);
+        if (backward) attn.backward(q);
+      },
+      o);
+  RingTimes t;
+  for (const auto& op : run.graph.ranks[0].ops) {
+    if (op.lane == 0) continue;
+    const ScheduledOp when = run.timeline.at({0, op.index});
+    if (op.name.rfind(backward ? "attn bwd[" : "attn fwd[", 0) == 0) t.blocks.push_back(when);
+    if (backward && op.name.rfind("attn fwd[", 0) == 0) {  // the backward's transfers only
+      t.sends.clear();
+      t.recvs.clear();
     }
+    if (op.name.rfind("send ", 0) == 0) t.sends.push_back(when);
+    if (op.name.rfind("recv ", 0) == 0) t.recvs.push_back(when);
   }
+  return t;
+}
+
+TEST(CpAttention, RingForwardPostsEachTransferBeforeItsBlock) {
+  // c = 250: T = 256000 ns, F = 64000, F0 = 64128: the transfers are longer than the blocks.
+  const double T = 256000, F = 64000;
+  for (bool overlap : {true, false}) {
+    const RingTimes t = ring_times(250, overlap, false);
+    ASSERT_EQ(t.blocks.size(), 4u);
+    ASSERT_EQ(t.sends.size(), 3u);
+    const double x = overlap ? T : 2 * T;  // one exchange
+    const double t0 = double(t.blocks[0].start_ns);
+    // Rank 0 (even) sends first: its send of step 1's block starts with step 0's block.
+    EXPECT_NEAR(double(t.sends[0].start_ns), t0, 2) << overlap;
+    for (int k = 1; k < 4; ++k)
+      EXPECT_NEAR(double(t.blocks[std::size_t(k)].start_ns) - t0, k * x, 4) << overlap << k;
+    EXPECT_NEAR(double(t.blocks[3].end_ns) - t0, 3 * x + F, 4) << overlap;
+  }
+}
+
+TEST(CpAttention, RingBackwardHidesEachDkvTransferBehindTheNextBlock) {
+  // c = 2000: T = 2048000 ns, B = 10240000, B0 = 10242560: a block hides a KV and a dK|dV
+  // exchange even when sends and receives serialise (4T < B). From step 1 on, the received
+  // accumulator is added to the block's contribution (A = 3·T bytes at 1e15 B/s = 6.144 ns)
+  // before it moves on. The blocks run back to back (B0 + 3B + 2A); only the last dK|dV
+  // transfer, to the block's owner, is exposed: T, or 2T without the overlap option. (Before,
+  // each dK|dV transfer was waited for right after its block: B0 + 3B + 4T.)
+  const double T = 2048000, B = 10240000, B0 = 10242560, A = 6.144;
+  for (bool overlap : {true, false}) {
+    const RingTimes t = ring_times(2000, overlap, true);
+    ASSERT_EQ(t.blocks.size(), 4u);
+    const double t0 = double(t.blocks[0].start_ns);
+    EXPECT_NEAR(double(t.blocks[1].start_ns) - t0, B0, 2) << overlap;
+    EXPECT_NEAR(double(t.blocks[3].end_ns) - t0, B0 + 3 * B + 2 * A, 2) << overlap;
+    ASSERT_FALSE(t.recvs.empty());
+    EXPECT_NEAR(double(t.recvs.back().end_ns) - t0, B0 + 3 * B + 3 * A + (overlap ? T : 2 * T), 2)
+        << overlap;
+  }
+}
+
+TEST(CpAttention, SendRecvOverlapNeedsAnEvenRing) {
+  AttentionProblem p{1, 2, 1, 36, 8, DType::f64, nullptr, 0};
+  cocemu::testing::expect_error(
+      [&] {
+        validate(config_of({"megatron_cp_algo", 3, 1, 1}, true, true, true), p);
+      },
+      Errc::invalid_argument, {"use_cp_send_recv_overlap", "ring of 3 ranks", "even"});
+  AttentionProblem p2{1, 2, 1, 48, 8, DType::f64, nullptr, 0};
+  cocemu::testing::expect_error(
+      [&] {
+        validate(config_of({"megatron_cp_algo", 6, 1, 2}, true, true, true), p2);
+      },
+      Errc::invalid_argument, {"outer ring (across windows) of 3 ranks"});
+  validate(config_of({"megatron_cp_algo", 3, 1, 1}, true, true, false), p);  // no overlap: fine
 }
 
 }  // namespace

@@ -9,8 +9,13 @@
 ///    the double ring (an inner ring of w ranks, an outer ring across windows whose transfer is
 ///    posted at the start of each window and overlaps its w inner steps);
 ///  - `hybrid_cp_algo`: Ulysses of degree `ulysses_degree_in_cp` inside, (double) ring outside.
-/// `use_cp_send_recv_overlap` posts step t+1's transfer before step t's compute (on the comm
-/// stream) instead of after it; results are bitwise identical either way.
+/// Every transfer is posted before the compute it hides behind, as MindSpeed does: KV blocks
+/// before the current block's kernel, dK/dV of block t after it (hidden behind block t+1).
+/// Sends and receives are ordered by ring parity on one communicator (stream);
+/// `use_cp_send_recv_overlap` gives them two, so they no longer serialise (MindSpeed's RingP2P;
+/// it needs even ring sizes, as MindSpeed's parity pairing does). The inner and outer rings of a
+/// double ring have communicators (streams) of their own. Results are bitwise identical either
+/// way.
 ///
 /// Tensors are stored SBH ([S_local, B, H·D], MindSpeed's storage order); the kernel runs in BNSD
 /// when `megatron_cp_in_bnsd` (the default) and directly on SBH otherwise. LSE is [B, H, S_local].
@@ -80,6 +85,7 @@ class CpAttention {
  private:
   struct Impl;
   Group cp_, ulysses_, ring_;
+  Group outer_[2], inner_[2];  // send/recv communicators of the outer and inner rings
   CpConfig config_;
   AttentionProblem problem_;
   MaskSpec mask_;

@@ -121,12 +121,12 @@ std::string to_yaml(const TuneResult& t) {
     y += fmt::format("#   {} ({}):{}\n", ch.key, fmt::join(ch.segments, ", "), cands);
   }
   y += fmt::format(
-      "matmul_soc_friendly: false  # the tuning modeled unpadded GEMMs\n"
+      "matmul_soc_friendly: {}  # as modeled\n"
       "recompute_all_gather: {}\n"
       "enable_coc_in_column_backward: {}\n"
       "k_min: {}\nk_max: {}\ntile_rows: {}\ntiles_per_step: {}\ncustomized_coc:\n",
-      t.coc.recompute_all_gather, t.coc.enable_coc_in_column_backward, t.coc.k_min, t.coc.k_max,
-      t.coc.tile_rows, t.coc.tiles_per_step);
+      t.coc.matmul_soc_friendly, t.coc.recompute_all_gather, t.coc.enable_coc_in_column_backward,
+      t.coc.k_min, t.coc.k_max, t.coc.tile_rows, t.coc.tiles_per_step);
   for (const TuneChoice& ch : t.choices)
     y += fmt::format("  \"{}\": {}  # {}: {}\n", ch.key, ch.value, fmt::join(ch.segments, ", "),
                      ch.reason);

@@ -79,11 +79,15 @@ TEST(ReviewCollectives, BlockingBarrierBlocksTheModeledHost) {
     barrier(g);
     rank.compute_stream().launch({.name = "after", .work_ns = 10}, [] {});
   });
-  std::int64_t after_launch = -1;
-  for (const OpRecord& op : r.graph.ranks[0].ops)
+  std::int64_t after_launch = -1, barrier_end = -1;
+  for (const OpRecord& op : r.graph.ranks[0].ops) {
     if (op.lane == 0 && op.name.find("after") != std::string::npos)
       after_launch = r.timeline.at({0, op.index}).start_ns;
-  EXPECT_GE(after_launch, 5000);
+    if (op.lane != 0 && op.name.rfind("barrier", 0) == 0)
+      barrier_end = r.timeline.at({0, op.index}).end_ns;
+  }
+  ASSERT_GT(barrier_end, 0);
+  EXPECT_GE(after_launch, barrier_end);
 }
 
 // 9. Each rank isends to its peer, then irecvs from it, unbatched: the numerics finish (sends are

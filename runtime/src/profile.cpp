@@ -20,11 +20,87 @@ double DeviceProfile::peak(DType t) const {
   return it->second;
 }
 
-const std::string& DeviceProfile::auto_algorithm(std::uint64_t bytes) const {
-  for (const auto& rule : auto_rules)
+const std::string& DeviceProfile::auto_algorithm(std::uint64_t bytes, bool multi_node) const {
+  const auto& rules =
+      multi_node && !auto_rules_multi_node.empty() ? auto_rules_multi_node : auto_rules;
+  for (const auto& rule : rules)
     if (double(bytes) <= rule.max_bytes) return rule.algorithm;
-  return auto_rules.back().algorithm;
+  return rules.back().algorithm;
 }
+
+void DeviceProfile::check_world(int n_ranks) const {
+  const int nodes = (n_ranks + topology.devices_per_node - 1) / topology.devices_per_node;
+  COCEMU_CHECK_ARG(nodes <= 1 || topology.multi_node,
+                   "device profile '{}' describes one node of {} devices and no inter-node "
+                   "network, but a world of {} ranks spans {} nodes; add topology.inter_node "
+                   "{{per_device_bytes_per_s, latency_ns}} to the profile",
+                   name, topology.devices_per_node, n_ranks, nodes);
+}
+
+namespace {
+
+/// `topology:` — devices per node, the intra-node fabric and the inter-node network.
+Topology parse_topology(detail::YamlReader t) {
+  using detail::YamlReader;
+  Topology topo;
+  topo.devices_per_node = int(t.integer("devices_per_node", 1, 1024));
+  YamlReader intra = t.map("intra_node");
+  const std::string fabric = intra.string("fabric");
+  COCEMU_CHECK(fabric == "mesh" || fabric == "switch", Errc::parse_error,
+               "{}: topology.intra_node.fabric '{}' is unknown; allowed: mesh (per-peer links, "
+               "as HCCS), switch (as NVSwitch)",
+               intra.where(), fabric);
+  topo.intra_switch = fabric == "switch";
+  topo.intra_per_device = intra.number("per_device_bytes_per_s", 1e6, 1e15);
+  if (topo.intra_switch) {
+    topo.intra_per_peer = topo.intra_per_device;
+  } else {
+    topo.intra_per_peer = intra.number("per_peer_bytes_per_s", 1e6, 1e15);
+    COCEMU_CHECK(topo.intra_per_device >= topo.intra_per_peer, Errc::parse_error,
+                 "{}: topology.intra_node.per_device_bytes_per_s ({}) must be >= "
+                 "per_peer_bytes_per_s ({})",
+                 intra.where(), topo.intra_per_device, topo.intra_per_peer);
+  }
+  topo.intra_latency_ns = intra.number("latency_ns", 0, 1e8);
+  intra.finish();
+  if (t.has("inter_node")) {
+    YamlReader inter = t.map("inter_node");
+    topo.multi_node = true;
+    topo.inter_per_device = inter.number("per_device_bytes_per_s", 1e6, 1e15);
+    topo.inter_latency_ns = inter.number("latency_ns", 0, 1e8);
+    inter.finish();
+  }
+  t.finish();
+  return topo;
+}
+
+std::vector<AlgorithmRule> parse_auto_rules(
+    detail::YamlReader& coll, const char* key,
+    const std::map<std::string, CollectiveAlgorithmCost>& algorithms) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  std::vector<AlgorithmRule> rules;
+  double previous = -1;
+  for (detail::YamlReader& rule : coll.sequence(key)) {
+    AlgorithmRule r;
+    r.max_bytes = rule.number("max_bytes", 0, inf);
+    r.algorithm = rule.string("algorithm");
+    COCEMU_CHECK(algorithms.count(r.algorithm), Errc::parse_error,
+                 "{}: collectives.{} algorithm '{}' has no cost entry; allowed: ring, direct, "
+                 "hierarchical (with a collectives.hierarchical entry)",
+                 rule.where(), key, r.algorithm);
+    COCEMU_CHECK(r.max_bytes > previous, Errc::parse_error,
+                 "{}: collectives.{} rules must have increasing max_bytes ({} after {})",
+                 rule.where(), key, r.max_bytes, previous);
+    previous = r.max_bytes;
+    rule.finish();
+    rules.push_back(r);
+  }
+  COCEMU_CHECK(!rules.empty() && rules.back().max_bytes == inf, Errc::parse_error,
+               "{}: collectives.{} must end with a rule of max_bytes .inf", coll.where(), key);
+  return rules;
+}
+
+}  // namespace
 
 DeviceProfile parse_device_profile(const std::string& text, const std::string& origin) {
   using detail::YamlReader;
@@ -34,7 +110,26 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   p.source = origin;
   p.name = top.string("name");
   top.string_or("description", "");
-  p.ranks_per_node = int(top.integer("ranks_per_node", 1, 64));
+  if (top.has("topology")) {
+    for (const char* old_key : {"ranks_per_node", "links"})
+      COCEMU_CHECK(!top.has(old_key), Errc::parse_error,
+                   "{}: '{}' and 'topology' both given; write the topology only "
+                   "(topology.devices_per_node, topology.intra_node, topology.inter_node)",
+                   top.where(top.node()[old_key]), old_key);
+    p.topology = parse_topology(top.map("topology"));
+  } else {
+    // The one-node form of earlier profiles: ranks_per_node and links {per_peer_bytes_per_s,
+    // per_rank_bytes_per_s, latency_ns} describe a full mesh inside one node, no network.
+    p.topology.devices_per_node = int(top.integer("ranks_per_node", 1, 1024));
+    YamlReader links = top.map("links");
+    p.topology.intra_per_peer = links.number("per_peer_bytes_per_s", 1e6, 1e15);
+    p.topology.intra_per_device = links.number("per_rank_bytes_per_s", 1e6, 1e15);
+    p.topology.intra_latency_ns = links.number("latency_ns", 0, 1e8);
+    COCEMU_CHECK(p.topology.intra_per_device >= p.topology.intra_per_peer, Errc::parse_error,
+                 "{}: links.per_rank_bytes_per_s ({}) must be >= links.per_peer_bytes_per_s ({})",
+                 links.where(), p.topology.intra_per_device, p.topology.intra_per_peer);
+    links.finish();
+  }
 
   YamlReader compute = top.map("compute");
   YamlReader peaks = compute.map("peak_flops");
@@ -68,17 +163,9 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   p.memory_bandwidth = memory.number("bandwidth_bytes_per_s", 1e6, 1e15);
   memory.finish();
 
-  YamlReader links = top.map("links");
-  p.link_per_peer_bandwidth = links.number("per_peer_bytes_per_s", 1e6, 1e15);
-  p.link_per_rank_bandwidth = links.number("per_rank_bytes_per_s", 1e6, 1e15);
-  p.link_latency_ns = links.number("latency_ns", 0, 1e8);
-  COCEMU_CHECK(p.link_per_rank_bandwidth >= p.link_per_peer_bandwidth, Errc::parse_error,
-               "{}: links.per_rank_bytes_per_s ({}) must be >= links.per_peer_bytes_per_s ({})",
-               links.where(), p.link_per_rank_bandwidth, p.link_per_peer_bandwidth);
-  links.finish();
-
   YamlReader coll = top.map("collectives");
-  for (const char* algo : {"ring", "direct"}) {
+  for (const char* algo : {"ring", "direct", "hierarchical"}) {
+    if (std::string(algo) == "hierarchical" && !coll.has(algo)) continue;  // optional
     YamlReader a = coll.map(algo);
     CollectiveAlgorithmCost c;
     c.step_latency_ns = a.number("step_latency_ns", 0, 1e8);
@@ -86,23 +173,9 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
     a.finish();
     p.algorithms[algo] = c;
   }
-  double previous = -1;
-  for (YamlReader& rule : coll.sequence("auto")) {
-    AlgorithmRule r;
-    r.max_bytes = rule.number("max_bytes", 0, inf);
-    r.algorithm = rule.string("algorithm");
-    COCEMU_CHECK(r.algorithm == "ring" || r.algorithm == "direct", Errc::parse_error,
-                 "{}: collectives.auto algorithm '{}' is unknown; allowed: ring, direct",
-                 rule.where(), r.algorithm);
-    COCEMU_CHECK(r.max_bytes > previous, Errc::parse_error,
-                 "{}: collectives.auto rules must have increasing max_bytes ({} after {})",
-                 rule.where(), r.max_bytes, previous);
-    previous = r.max_bytes;
-    rule.finish();
-    p.auto_rules.push_back(r);
-  }
-  COCEMU_CHECK(!p.auto_rules.empty() && p.auto_rules.back().max_bytes == inf, Errc::parse_error,
-               "{}: collectives.auto must end with a rule of max_bytes .inf", coll.where());
+  p.auto_rules = parse_auto_rules(coll, "auto", p.algorithms);
+  if (coll.has("auto_multi_node"))
+    p.auto_rules_multi_node = parse_auto_rules(coll, "auto_multi_node", p.algorithms);
   coll.finish();
 
   YamlReader host = top.map("host");

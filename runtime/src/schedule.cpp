@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -138,18 +139,31 @@ struct Sim {
     job_ready.assign(jobs.size(), 0);
   }
 
-  /// Ops of a rank running now: compute ones, comm ones, and comm ones per link direction.
+  /// Ops of a rank running now: compute ones, comm ones, and comm ones per link (LinkUse bit).
   struct Load {
-    std::vector<int> compute, comm, out, in;
-    explicit Load(std::size_t ranks) : compute(ranks), comm(ranks), out(ranks), in(ranks) {}
+    std::vector<int> compute, comm;
+    std::vector<std::array<int, 4>> link;
+    explicit Load(std::size_t ranks) : compute(ranks), comm(ranks), link(ranks) {}
     void add(const OpRecord& op, int d) {
       const std::size_t r = std::size_t(op.rank);
       if (op.cls == OpClass::compute || op.cls == OpClass::fused) compute[r] += d;
       if (op.cls == OpClass::comm || op.cls == OpClass::fused) {
         comm[r] += d;
-        if (op.cls == OpClass::fused || (op.link_use & kLinkOut)) out[r] += d;
-        if (op.cls == OpClass::fused || (op.link_use & kLinkIn)) in[r] += d;
+        for (int b = 0; b < 4; ++b)
+          if (uses(op, b)) link[r][std::size_t(b)] += d;
       }
+    }
+    /// Fused kernels move their tiles over the intra-node fabric.
+    static bool uses(const OpRecord& op, int bit) {
+      const std::uint8_t use = op.cls == OpClass::fused ? (kIntraOut | kIntraIn) : op.link_use;
+      return use & (1u << bit);
+    }
+    /// How many running ops share the busiest link `op` uses.
+    int sharing(const OpRecord& op) const {
+      int n = 1;
+      for (int b = 0; b < 4; ++b)
+        if (uses(op, b)) n = std::max(n, link[std::size_t(op.rank)][std::size_t(b)]);
+      return n;
     }
   };
 
@@ -164,15 +178,12 @@ struct Sim {
           x = 1.0 / std::max(1, load.compute[k]);
           if (load.comm[k] > 0) x /= cm.compute_slowdown;
           break;
-        case OpClass::comm: {
-          const int sharing = std::max({1, op.link_use & kLinkOut ? load.out[k] : 0,
-                                        op.link_use & kLinkIn ? load.in[k] : 0});
-          x = 1.0 / sharing;
+        case OpClass::comm:
+          x = 1.0 / load.sharing(op);
           if (load.compute[k] > 0) x /= cm.comm_slowdown;
           break;
-        }
         case OpClass::fused:
-          x = 1.0 / std::max({1, load.compute[k], load.out[k], load.in[k]});
+          x = 1.0 / std::max(load.compute[k], load.sharing(op));
           break;
         default:
           break;

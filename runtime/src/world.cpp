@@ -340,6 +340,7 @@ World::World(const WorldOptions& options)
   COCEMU_CHECK_ARG(options_.timeout.count() > 0, "run: timeout {} ms must be positive",
                    options_.timeout.count());
   if (!options_.profile) options_.profile = default_profile();
+  options_.profile->check_world(options_.n_ranks);
   graph_.ranks.resize(std::size_t(options_.n_ranks));
   activity_.resize(std::size_t(options_.n_ranks));
 }

@@ -54,9 +54,10 @@ const StrategyResult& find(const BenchResult& r, const std::string& name) {
 
 TEST(Bench, EveryStrategyIsBitwiseEqualToSerialAndTheJsonSaysSo) {
   // Links as fast as the small GEMMs: comm is worth hiding at this size.
-  const BenchResult r = run_bench(small(
-      testing::round_profile("links: {per_peer_bytes_per_s: 1.0e10, per_rank_bytes_per_s: 1.0e10}"),
-      false));
+  const BenchResult r = run_bench(
+      small(testing::round_profile("topology: {intra_node: {fabric: mesh, per_peer_bytes_per_s: "
+                                   "1.0e10, per_device_bytes_per_s: 1.0e10, latency_ns: 0}}"),
+            false));
   ASSERT_EQ(r.strategies.size(), 5u);
   const nlohmann::json j = to_json(r);
   EXPECT_FALSE(j["dry_run"].get<bool>());
@@ -139,26 +140,31 @@ TEST(Bench, VerdictsNameTheFailedCriterion) {
     return std::count_if(v.begin(), v.end(), [&](const Verdict& x) { return x.failed == failed; });
   };
   // Balanced compute and comm, no overheads: the split overlaps.
-  const auto ok = verdicts_of("links: {per_peer_bytes_per_s: 1.0e10, per_rank_bytes_per_s: 1.0e10}",
-                              "script P=4");
+  const auto ok = verdicts_of(
+      "topology: {intra_node: {fabric: mesh, per_peer_bytes_per_s: 1.0e10, per_device_bytes_per_s: "
+      "1.0e10, latency_ns: 0}}",
+      "script P=4");
   EXPECT_GE(count(ok, ""), 3) << ok[0].text;
   // Launching costs far more than the chunks' work: host bound.
   const auto host = verdicts_of(
-      "{links: {per_peer_bytes_per_s: 1.0e8, per_rank_bytes_per_s: 1.0e8}, host: "
+      "{topology: {intra_node: {fabric: mesh, per_peer_bytes_per_s: 1.0e8, per_device_bytes_per_s: "
+      "1.0e8, latency_ns: 0}}, host: "
       "{launch_overhead_ns: 1.0e7, fused_launch_overhead_ns: 1.0e7}}",
       "script P=4");
   EXPECT_EQ(count(host, "host bound"), 6) << host[0].text;
   EXPECT_NE(host[0].text.find("waited for their host launch"), std::string::npos);
   // GEMMs lose efficiency when split small: matmul too small.
   const auto small_mm = verdicts_of(
-      "{links: {per_peer_bytes_per_s: 1.0e8, per_rank_bytes_per_s: 1.0e8}, compute: {gemm: "
+      "{topology: {intra_node: {fabric: mesh, per_peer_bytes_per_s: 1.0e8, per_device_bytes_per_s: "
+      "1.0e8, latency_ns: 0}}, compute: {gemm: "
       "{max_efficiency: 1.0, half_efficiency_flops: 1.0e9, alignment_bytes: 1, "
       "unaligned_efficiency: 1.0}}}",
       "script P=8");
   EXPECT_GE(count(small_mm, "matmul too small"), 4) << small_mm[0].text;
   // Every comm step pays a large latency: splitting multiplies it, comm degradation.
   const auto degrade = verdicts_of(
-      "{links: {per_peer_bytes_per_s: 1.0e8, per_rank_bytes_per_s: 1.0e8}, collectives: {direct: "
+      "{topology: {intra_node: {fabric: mesh, per_peer_bytes_per_s: 1.0e8, per_device_bytes_per_s: "
+      "1.0e8, latency_ns: 0}}, collectives: {direct: "
       "{step_latency_ns: 5.0e6, bandwidth_efficiency: 1.0}}}",
       "script P=4");
   EXPECT_GE(count(degrade, "comm degradation"), 4) << degrade[0].text;

@@ -18,9 +18,9 @@ TEST(Profile, ShippedProfilesLoad) {
   for (const char* name : {"ascend-910b", "h100-sxm"}) {
     const DeviceProfile p = load_named_profile(name);
     EXPECT_EQ(p.name, name);
-    EXPECT_EQ(p.ranks_per_node, 8);
+    EXPECT_EQ(p.topology.devices_per_node, 8);
     EXPECT_GT(p.peak(DType::bf16), p.peak(DType::f32));
-    EXPECT_GT(p.link_per_peer_bandwidth, 0);
+    EXPECT_GT(p.topology.intra_per_peer, 0);
     EXPECT_TRUE(p.algorithms.count("ring") && p.algorithms.count("direct"));
     EXPECT_GT(p.launch_overhead_ns, 0);
     EXPECT_GE(p.contention.compute_slowdown, 1.0);
@@ -53,9 +53,9 @@ TEST(Profile, UnknownKeyNamesFileAndLine) {
   text += "\nflux_capacitor: 1\n";
   expect_error([&] { parse_device_profile(text, "my.yaml"); }, Errc::parse_error,
                {"my.yaml:", "unknown key 'flux_capacitor'"});
-  std::string nested = round_profile_yaml("links: {warp_drive: 3}");
+  std::string nested = round_profile_yaml("topology: {warp_drive: 3}");
   expect_error([&] { parse_device_profile(nested, "n.yaml"); }, Errc::parse_error,
-               {"n.yaml:", "unknown key 'links.warp_drive'"});
+               {"n.yaml:", "unknown key 'topology.warp_drive'"});
 }
 
 TEST(Profile, MissingKeyIsAnError) {

@@ -20,13 +20,14 @@ RunResult run_ranks(int n, const std::function<void(Rank&)>& fn, WorldOptions op
 std::string round_profile_yaml(const std::string& overrides) {
   YAML::Node base = YAML::Load(R"(
 name: round-numbers
-ranks_per_node: 8
+topology:
+  devices_per_node: 64
+  intra_node: {fabric: mesh, per_peer_bytes_per_s: 1.0e9, per_device_bytes_per_s: 1.0e9, latency_ns: 0}
 compute:
   peak_flops: {f32: 1.0e12, f64: 1.0e12, f16: 1.0e12, bf16: 1.0e12, i8: 1.0e12}
   gemm: {max_efficiency: 1.0, half_efficiency_flops: 0, alignment_bytes: 1, unaligned_efficiency: 1.0}
   kernel_min_ns: 0
 memory: {bandwidth_bytes_per_s: 1.0e15}
-links: {per_peer_bytes_per_s: 1.0e9, per_rank_bytes_per_s: 1.0e9, latency_ns: 0}
 collectives:
   ring: {step_latency_ns: 0, bandwidth_efficiency: 1.0}
   direct: {step_latency_ns: 0, bandwidth_efficiency: 1.0}

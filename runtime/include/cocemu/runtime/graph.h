@@ -42,10 +42,17 @@ struct Rendezvous {
   int members = 2;
 };
 
-/// Which directions of its rank's links a comm op uses. Links are full duplex: a send and a
-/// receive on one rank run side by side at full speed, while comm ops that use a common
-/// direction share it.
-enum LinkUse : std::uint8_t { kLinkOut = 1, kLinkIn = 2, kLinkBoth = 3 };
+/// Which of its rank's links a comm op uses: the intra-node fabric and the NIC, each in two
+/// directions. Links are full duplex and the fabric and the NIC are separate hardware: comm ops
+/// share a rank's bandwidth only where they use a common link direction (a send and a receive,
+/// or an intra-node and an inter-node transfer, run side by side at full speed).
+enum LinkUse : std::uint8_t {
+  kIntraOut = 1,
+  kIntraIn = 2,
+  kInterOut = 4,
+  kInterIn = 8,
+  kLinkAll = 15,
+};
 
 struct OpRecord {
   int rank = 0;
@@ -58,8 +65,8 @@ struct OpRecord {
   std::vector<Rendezvous> rendezvous;  ///< ops sharing a key run as one collective
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
-  std::uint8_t link_use = kLinkBoth;  ///< comm ops: the link directions used (LinkUse bits)
-  std::string detail;                 ///< e.g. the collective algorithm
+  std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
+  std::string detail;                ///< e.g. the collective algorithm
   /// Named parts of the op (collective rounds, pipeline steps) and their share of the duration.
   std::vector<std::pair<std::string, double>> phases;
   /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).

@@ -25,6 +25,29 @@ struct CollectiveAlgorithmCost {
   double bandwidth_efficiency = 1.0;  ///< fraction of link bandwidth the algorithm achieves
 };
 
+/// The cluster a profile describes: nodes of `devices_per_node` devices; inside a node a full
+/// mesh of per-peer links (Ascend HCCS) or a switch (NVSwitch), between nodes one NIC per device
+/// (rail-optimised RoCE or InfiniBand). World rank r sits on node r / devices_per_node.
+/// Bandwidths are bytes/s in one direction; links are full duplex.
+struct Topology {
+  int devices_per_node = 8;
+  bool intra_switch = false;    ///< switch: any peer can use the device's whole port
+  double intra_per_peer = 1;    ///< mesh: one peer link; switch: = intra_per_device
+  double intra_per_device = 1;  ///< all of a device's intra-node traffic
+  double intra_latency_ns = 0;  ///< one hop inside a node
+  bool multi_node = false;      ///< an inter-node network is described
+  double inter_per_device = 1;  ///< one device's NIC
+  double inter_latency_ns = 0;  ///< one hop between nodes
+  int node_of(int world_rank) const { return world_rank / devices_per_node; }
+  /// Bandwidth of the path from world rank a to b (peer link or NIC).
+  double path_bandwidth(int a, int b) const {
+    return node_of(a) == node_of(b) ? intra_per_peer : inter_per_device;
+  }
+  double path_latency_ns(int a, int b) const {
+    return node_of(a) == node_of(b) ? intra_latency_ns : inter_latency_ns;
+  }
+};
+
 struct AlgorithmRule {
   double max_bytes = 0;  ///< applies to messages up to this size per rank (inclusive)
   std::string algorithm;
@@ -33,23 +56,24 @@ struct AlgorithmRule {
 struct DeviceProfile {
   std::string name;
   std::string source;  ///< file it was loaded from
-  int ranks_per_node = 8;
+  Topology topology;
   std::map<DType, double> peak_flops;  ///< dense FLOP/s per device and dtype
   GemmEfficiency gemm;
-  double kernel_min_ns = 0;            ///< shortest possible kernel
-  double memory_bandwidth = 1;         ///< bytes/s of device memory
-  double link_per_peer_bandwidth = 1;  ///< bytes/s from one rank to one peer (one direction)
-  double link_per_rank_bandwidth = 1;  ///< bytes/s a rank can send (and receive) in total
-  double link_latency_ns = 0;
-  std::map<std::string, CollectiveAlgorithmCost> algorithms;  ///< "ring", "direct"
+  double kernel_min_ns = 0;                                   ///< shortest possible kernel
+  double memory_bandwidth = 1;                                ///< bytes/s of device memory
+  std::map<std::string, CollectiveAlgorithmCost> algorithms;  ///< "ring", "direct", …
   std::vector<AlgorithmRule> auto_rules;                      ///< ordered by max_bytes
-  double launch_overhead_ns = 0;        ///< host cost of one script-side op launch
-  double fused_launch_overhead_ns = 0;  ///< host cost of launching one fused kernel
+  std::vector<AlgorithmRule> auto_rules_multi_node;  ///< groups spanning nodes (default: auto)
+  double launch_overhead_ns = 0;                     ///< host cost of one script-side op launch
+  double fused_launch_overhead_ns = 0;               ///< host cost of launching one fused kernel
   ContentionModel contention;
 
   double peak(DType t) const;
-  /// The algorithm the auto rule table picks for a message of `bytes` per rank.
-  const std::string& auto_algorithm(std::uint64_t bytes) const;
+  /// The algorithm the auto rule table picks for a message of `bytes` per rank, for a group
+  /// inside one node or spanning nodes.
+  const std::string& auto_algorithm(std::uint64_t bytes, bool multi_node = false) const;
+  /// Throws a clear error if a world of `n_ranks` needs an inter-node network the profile lacks.
+  void check_world(int n_ranks) const;
 };
 
 /// Parses a profile; `origin` names the text in error messages (a file path or "<string>").

@@ -36,7 +36,7 @@ struct OpSpec {
   LaunchKind launch = LaunchKind::kernel;
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
-  std::uint8_t link_use = kLinkBoth;  ///< comm ops: the link directions used (LinkUse)
+  std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
   std::string detail;
   std::vector<Rendezvous> rendezvous;  ///< collectives: one key shared by all participants
   std::vector<OpRef> deps;             ///< extra modeled dependencies

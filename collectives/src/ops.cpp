@@ -212,15 +212,23 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   const std::uint64_t seq = g.next_sequence();
   CallSignature& sig = call.sig;
   sig.deterministic = o.deterministic.value_or(rank.deterministic());
+  const DeviceProfile& prof = rank.profile();
+  std::vector<int> nodes;
+  bool multi_node = false;
+  for (int w : g.ranks()) {
+    nodes.push_back(prof.topology.node_of(w));
+    multi_node = multi_node || nodes.back() != nodes.front();
+  }
   sig.algorithm = o.algo == Algorithm::automatic
-                      ? parse_algorithm(rank.profile().auto_algorithm(call.size_bytes))
+                      ? parse_algorithm(prof.auto_algorithm(call.size_bytes, multi_node))
                       : o.algo;
   PlanRequest req{sig.op, sig.algorithm, g.size(), sig.count, sig.root, sig.deterministic, {}};
+  req.nodes = std::move(nodes);
   std::shared_ptr<const detail::CachedPlan> cached;
   if (!call.send_counts.empty()) {  // price from this rank's own view of the exchange
     req.send_counts.assign(std::size_t(g.size()), call.send_counts);
     Plan plan = build_plan(req);
-    PlanCost cost = price_plan(plan, rank.profile(), sig.dtype);
+    PlanCost cost = price_plan(plan, prof, sig.dtype, g.ranks());
     cached = std::make_shared<const detail::CachedPlan>(
         detail::CachedPlan{std::move(plan), std::move(cost)});
   } else {
@@ -231,7 +239,7 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
     auto& slot = cache[{key, sig.count}];
     if (!slot) {
       Plan plan = build_plan(req);
-      PlanCost cost = price_plan(plan, rank.profile(), sig.dtype);
+      PlanCost cost = price_plan(plan, prof, sig.dtype, g.ranks());
       slot = std::make_shared<const detail::CachedPlan>(
           detail::CachedPlan{std::move(plan), std::move(cost)});
     }
@@ -243,9 +251,11 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   spec.cls = OpClass::comm;
   spec.work_ns = cost.total_ns;
   spec.bytes = call.size_bytes;
-  spec.detail =
-      fmt::format("group {} seq {} algo {} dtype {}{}", g.name(), seq, to_string(sig.algorithm),
-                  name_of(sig.dtype), sig.deterministic ? "" : " nondeterministic");
+  spec.link_use = cost.link_use.empty() ? 0 : cost.link_use[std::size_t(g.rank())];
+  // The plan actually run: hierarchical falls back to the ring where it does not apply.
+  spec.detail = fmt::format("group {} seq {} algo {} dtype {}{}", g.name(), seq,
+                            to_string(cached->plan.algorithm), name_of(sig.dtype),
+                            sig.deterministic ? "" : " nondeterministic");
   spec.rendezvous.push_back({fmt::format("coll/{}/{}", g.state().key, seq), g.size()});
   if (o.emulator_only) {
     spec.work_ns = 0;
@@ -506,12 +516,6 @@ Work barrier(Group& g, const CollectiveOptions& o) {
 // ---------------------------------------------------------------------------------------------
 // Point to point
 
-namespace {
-bool to_any(const std::vector<P2POp>& ops, P2POp::Kind kind) {
-  return std::any_of(ops.begin(), ops.end(), [kind](const P2POp& o) { return o.kind == kind; });
-}
-}  // namespace
-
 Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
   check_member(g, "batch_isend_irecv");
   Rank& rank = g.owner();
@@ -527,7 +531,6 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
   OpSpec spec;
   spec.cls = OpClass::comm;
   std::vector<double> to(static_cast<std::size_t>(g.size())), from(std::size_t(g.size()));
-  double total_out = 0, total_in = 0;
   for (const P2POp& op : ops) {
     const char* call = op.kind == P2POp::send ? "send" : "recv";
     check_tensor(g, call, "tensor", op.tensor);
@@ -540,23 +543,35 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
       index = member.sends_to[p]++;
       spec.rendezvous.push_back({fmt::format("p2p/{}/{}->{}/{}", gs.key, me, op.peer, index), 2});
       to[p] += b;
-      total_out += b;
     } else {
       index = member.recvs_from[p]++;
       spec.rendezvous.push_back({fmt::format("p2p/{}/{}->{}/{}", gs.key, op.peer, me, index), 2});
       from[p] += b;
-      total_in += b;
     }
     spec.bytes += op.tensor.nbytes();
     planned.push_back({op, index});
   }
-  double link_s = std::max(total_out, total_in) / prof.link_per_rank_bandwidth;
-  for (std::size_t p = 0; p < to.size(); ++p)
-    link_s = std::max(
-        {link_s, to[p] / prof.link_per_peer_bandwidth, from[p] / prof.link_per_peer_bandwidth});
-  spec.work_ns = prof.link_latency_ns + link_s * 1e9;
-  spec.link_use = std::uint8_t((to_any(ops, P2POp::send) ? kLinkOut : 0) |
-                               (to_any(ops, P2POp::recv) ? kLinkIn : 0));
+  // Each message on the link it crosses: a peer link (or switch port) inside the node, the NIC
+  // to another node; messages sharing a link share its bandwidth.
+  const Topology& topo = prof.topology;
+  const int my_world = g.world_rank_of(me);
+  double out_intra = 0, in_intra = 0, out_inter = 0, in_inter = 0, link_s = 0, latency = 0;
+  spec.link_use = 0;
+  for (std::size_t p = 0; p < to.size(); ++p) {
+    const int peer_world = g.world_rank_of(int(p));
+    const bool same = topo.node_of(peer_world) == topo.node_of(my_world);
+    if (to[p] > 0 || from[p] > 0)
+      latency = std::max(latency, topo.path_latency_ns(my_world, peer_world));
+    link_s = std::max({link_s, to[p] / topo.path_bandwidth(my_world, peer_world),
+                       from[p] / topo.path_bandwidth(my_world, peer_world)});
+    (same ? out_intra : out_inter) += to[p];
+    (same ? in_intra : in_inter) += from[p];
+    if (to[p] > 0) spec.link_use |= same ? kIntraOut : kInterOut;
+    if (from[p] > 0) spec.link_use |= same ? kIntraIn : kInterIn;
+  }
+  link_s = std::max({link_s, out_intra / topo.intra_per_device, in_intra / topo.intra_per_device,
+                     out_inter / topo.inter_per_device, in_inter / topo.inter_per_device});
+  spec.work_ns = latency + link_s * 1e9;
   if (ops.size() == 1)
     spec.name = fmt::format("{} {} {} {}", ops[0].kind == P2POp::send ? "send" : "recv",
                             format_bytes(ops[0].tensor.nbytes()),

@@ -54,6 +54,8 @@ const char* to_string(Algorithm a) {
       return "ring";
     case Algorithm::direct:
       return "direct";
+    case Algorithm::hierarchical:
+      return "hierarchical";
   }
   return "?";
 }
@@ -62,8 +64,9 @@ Algorithm parse_algorithm(const std::string& s) {
   if (s == "auto") return Algorithm::automatic;
   if (s == "ring") return Algorithm::ring;
   if (s == "direct") return Algorithm::direct;
+  if (s == "hierarchical") return Algorithm::hierarchical;
   COCEMU_FAIL(Errc::invalid_argument,
-              "unknown collective algorithm '{}'; allowed: auto, ring, direct", s);
+              "unknown collective algorithm '{}'; allowed: auto, ring, direct, hierarchical", s);
 }
 
 std::int64_t segment_offset(std::int64_t count, int n, int s) {
@@ -79,24 +82,27 @@ Plan build_plan(const PlanRequest& req) {
   COCEMU_CHECK(req.n >= 1, Errc::internal, "plan for {} ranks", req.n);
   COCEMU_CHECK(req.algorithm != Algorithm::automatic, Errc::internal,
                "build_plan needs a resolved algorithm");
-  Plan plan = req.algorithm == Algorithm::ring ? build_ring_plan(req) : build_direct_plan(req);
+  Plan plan = req.algorithm == Algorithm::ring           ? build_ring_plan(req)
+              : req.algorithm == Algorithm::hierarchical ? build_hierarchical_plan(req)
+                                                         : build_direct_plan(req);
   // Rounds where nobody moves anything (small counts) need no synchronisation.
   std::erase_if(plan.rounds, [](const std::vector<Step>& r) { return r.empty(); });
   return plan;
 }
 
-PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype) {
+PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
+                    const std::vector<int>& world_ranks) {
   const auto it = p.algorithms.find(to_string(plan.algorithm));
   COCEMU_CHECK(it != p.algorithms.end(), Errc::invalid_argument,
                "device profile '{}' has no cost entry for algorithm '{}'", p.name,
                to_string(plan.algorithm));
   const CollectiveAlgorithmCost& a = it->second;
+  const Topology& topo = p.topology;
   // Every buffer is priced in the call's dtype, scratch included: NCCL and HCCL move partially
   // reduced data in the buffer's dtype. The executor keeps its partial sums in f32 (f64) so that
   // deterministic mode is exact; that is an emulator device, not wire traffic.
   const double elem = double(size_of(dtype));
-  PlanCost cost;
-  int n = 0;
+  int n = int(world_ranks.size());
   for (const auto& round : plan.rounds)
     for (const Step& st : round) {
       n = std::max(n, st.actor + 1);
@@ -105,47 +111,74 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype) {
       for (const BufRef& b : st.dsts)
         n = std::max(n, b.rank + 1);
     }
+  const auto node = [&](int member) {
+    return std::size_t(member) < world_ranks.size() ? topo.node_of(world_ranks[member]) : 0;
+  };
   const std::size_t nn = std::size_t(n);
-  std::vector<double> link(nn * nn), out(nn), in(nn), local(nn);
+  PlanCost cost;
+  cost.link_use.assign(nn, 0);
+  std::vector<std::pair<std::uint64_t, double>> pairs;  // (from · n + to, bytes) of a round
+  std::vector<double> out(nn), in(nn), net_out(nn), net_in(nn), local(nn);
   for (const auto& round : plan.rounds) {
-    // Bytes per directed link, per rank out and in, and locally touched bytes per actor.
-    std::fill(link.begin(), link.end(), 0.0);
+    pairs.clear();
     std::fill(out.begin(), out.end(), 0.0);
     std::fill(in.begin(), in.end(), 0.0);
+    std::fill(net_out.begin(), net_out.end(), 0.0);
+    std::fill(net_in.begin(), net_in.end(), 0.0);
     std::fill(local.begin(), local.end(), 0.0);
+    bool crosses = false;
+    // A transfer from member `from` to `to`: on a peer link (or the switch port) inside a node,
+    // on both NICs between nodes.
+    const auto move = [&](int from, int to, double b) {
+      if (node(from) == node(to)) {
+        pairs.push_back({std::uint64_t(from) * nn + std::uint64_t(to), b});
+        out[std::size_t(from)] += b;
+        in[std::size_t(to)] += b;
+        cost.link_use[std::size_t(from)] |= kIntraOut;
+        cost.link_use[std::size_t(to)] |= kIntraIn;
+      } else {
+        crosses = true;
+        net_out[std::size_t(from)] += b;
+        net_in[std::size_t(to)] += b;
+        cost.link_use[std::size_t(from)] |= kInterOut;
+        cost.link_use[std::size_t(to)] |= kInterIn;
+      }
+    };
     for (const Step& st : round) {
-      const std::size_t a = std::size_t(st.actor);
-      auto bytes_of = [&](const BufRef&) { return double(st.count) * elem; };
+      const std::size_t actor = std::size_t(st.actor);
+      const double b = double(st.count) * elem;
       for (const BufRef& s : st.srcs) {
-        const double b = bytes_of(s);
-        local[a] += b;
-        if (s.rank != st.actor) {
-          link[std::size_t(s.rank) * nn + a] += b;
-          out[std::size_t(s.rank)] += b;
-          in[a] += b;
-        }
+        local[actor] += b;
+        if (s.rank != st.actor) move(s.rank, st.actor, b);
       }
       for (const BufRef& d : st.dsts) {
-        const double b = bytes_of(d);
-        local[a] += b;
-        if (d.rank != st.actor) {
-          link[a * nn + std::size_t(d.rank)] += b;
-          out[a] += b;
-          in[std::size_t(d.rank)] += b;
-        }
+        local[actor] += b;
+        if (d.rank != st.actor) move(st.actor, d.rank, b);
       }
     }
     double link_s = 0, local_s = 0, busiest = 0;
-    for (double b : link)
-      link_s = std::max(link_s, b / p.link_per_peer_bandwidth);
+    std::sort(pairs.begin(), pairs.end());
+    for (std::size_t k = 0; k < pairs.size();) {  // bytes per peer link
+      double b = 0;
+      const std::uint64_t key = pairs[k].first;
+      for (; k < pairs.size() && pairs[k].first == key; ++k)
+        b += pairs[k].second;
+      link_s = std::max(link_s, b / topo.intra_per_peer);
+    }
     for (std::size_t r = 0; r < nn; ++r) {
-      link_s =
-          std::max({link_s, out[r] / p.link_per_rank_bandwidth, in[r] / p.link_per_rank_bandwidth});
-      busiest = std::max(busiest, out[r]);
+      link_s = std::max({link_s, out[r] / topo.intra_per_device, in[r] / topo.intra_per_device});
+      if (crosses)
+        link_s = std::max(
+            {link_s, net_out[r] / topo.inter_per_device, net_in[r] / topo.inter_per_device});
+      busiest = std::max(busiest, out[r] + net_out[r]);
       local_s = std::max(local_s, local[r] / p.memory_bandwidth);
     }
-    // Links and local memory work overlap; the slower one bounds the round.
-    const double ns = a.step_latency_ns + std::max(link_s / a.bandwidth_efficiency, local_s) * 1e9;
+    // Links and local memory work overlap; the slower one bounds the round. A round that crosses
+    // nodes pays the network's extra hop latency on top of the algorithm's step α.
+    const double hop_ns =
+        crosses ? std::max(0.0, topo.inter_latency_ns - topo.intra_latency_ns) : 0.0;
+    const double ns =
+        a.step_latency_ns + hop_ns + std::max(link_s / a.bandwidth_efficiency, local_s) * 1e9;
     cost.round_ns.push_back(ns);
     cost.total_ns += ns;
     cost.max_link_bytes += std::uint64_t(busiest);

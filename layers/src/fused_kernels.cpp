@@ -145,7 +145,7 @@ double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t
   const Plan plan = build_plan({op, Algorithm::direct, n, count, 0, true, {}});
   const PlanCost c = price_plan(plan, p, t);
   const double alpha = p.algorithms.at("direct").step_latency_ns;
-  return c.total_ns + double(c.round_ns.size()) * (p.link_latency_ns - alpha);
+  return c.total_ns + double(c.round_ns.size()) * (p.topology.intra_latency_ns - alpha);
 }
 
 /// Prices a kernel's steps: `per_step(h)` gives, for a step of h rows, its GEMM time and the
@@ -246,6 +246,14 @@ std::pair<SymmetricBuffer, std::array<std::uint32_t, 2>> workspace(Group& g, std
 
 void launch_fused(Group& g, std::string name, PipelineCost cost, std::uint64_t flops,
                   std::function<void()> fn) {
+  // LCOC writes peer memory over the intra-node fabric: the group must sit in one node.
+  const Topology& topo = g.owner().profile().topology;
+  for (int w : g.ranks())
+    COCEMU_CHECK_ARG(topo.node_of(w) == topo.node_of(g.ranks().front()),
+                     "{} on rank {}: group {} spans nodes (world ranks {} and {} are on nodes {} "
+                     "and {}); fused kernels reach peers through intra-node memory only",
+                     name, g.owner().id(), g.name(), g.ranks().front(), w,
+                     topo.node_of(g.ranks().front()), topo.node_of(w));
   OpSpec spec;
   spec.name = std::move(name);
   spec.cls = OpClass::fused;

@@ -29,7 +29,10 @@ const char* to_string(CollOp op);
 enum class ReduceOp : std::uint8_t { sum, avg, max, min, prod };
 const char* to_string(ReduceOp op);
 
-enum class Algorithm : std::uint8_t { automatic, ring, direct };
+/// hierarchical: for groups spanning nodes, intra-node reduce-scatter, an inter-node all-reduce
+/// among the members with the same local index, intra-node all-gather (NCCL's and HCCL's
+/// multi-node all_reduce); other ops and deterministic mode use the ring.
+enum class Algorithm : std::uint8_t { automatic, ring, direct, hierarchical };
 const char* to_string(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);
 
@@ -68,6 +71,8 @@ struct PlanRequest {
   bool deterministic = true;
   /// all_to_all only: send_counts[r][p] = elements rank r sends to p (empty = equal split).
   std::vector<std::vector<std::int64_t>> send_counts;
+  /// hierarchical only: the node of each member (empty: one node).
+  std::vector<int> nodes;
 };
 
 Plan build_plan(const PlanRequest& request);
@@ -75,14 +80,21 @@ Plan build_plan(const PlanRequest& request);
 // Per-algorithm builders (collectives/src/algorithms/*.cpp).
 Plan build_direct_plan(const PlanRequest& request);
 Plan build_ring_plan(const PlanRequest& request);
+Plan build_hierarchical_plan(const PlanRequest& request);
 
 /// Modeled cost of a plan: total and per round (ns at full speed).
 struct PlanCost {
   double total_ns = 0;
   std::vector<double> round_ns;
-  std::uint64_t max_link_bytes = 0;  ///< bytes the busiest rank sends over links
+  std::uint64_t max_link_bytes = 0;    ///< bytes the busiest rank sends over links
+  std::vector<std::uint8_t> link_use;  ///< per member: the links it uses (LinkUse bits)
 };
-PlanCost price_plan(const Plan& plan, const DeviceProfile& profile, DType dtype);
+/// Prices a plan on the profile's topology: every transfer on the link it crosses (a peer link
+/// or switch port inside a node, the NICs between nodes), transfers of a round that share a link
+/// or NIC sharing its bandwidth. `world_ranks` places the members (group rank i is world rank
+/// world_ranks[i]); empty puts them all on one node.
+PlanCost price_plan(const Plan& plan, const DeviceProfile& profile, DType dtype,
+                    const std::vector<int>& world_ranks = {});
 
 /// Segment s of `count` elements split into n near-equal parts (the first count % n one longer).
 std::int64_t segment_offset(std::int64_t count, int n, int s);

@@ -1,0 +1,81 @@
+// Hierarchical all_reduce for groups that span nodes (NCCL's and HCCL's multi-node shape):
+//   1. inside each node, a reduce-scatter: the member with local index s reduces segment s of its
+//      node's inputs (one round over the fast intra-node fabric);
+//   2. between nodes, an all-reduce of segment s among the members with local index s, one per
+//      node: each reduces one sub-segment from all of them and writes it to all of them (one
+//      round; each member's NIC carries 2·(N−1)/N of its segment, as a ring would);
+//   3. inside each node, an all-gather of the segments.
+// The partial sums are not in rank order, so deterministic mode (and every op but all_reduce, or
+// a group whose nodes hold different numbers of members) uses the ring plan instead — the
+// rank-ordered chain in deterministic mode — priced on the links it crosses.
+#include <map>
+
+#include "algorithms/common.h"
+
+namespace cocemu {
+
+Plan build_hierarchical_plan(const PlanRequest& req) {
+  const int n = req.n;
+  std::map<int, std::vector<int>> by_node;  // node -> members in group order
+  for (int m = 0; m < n; ++m)
+    by_node[req.nodes.empty() ? 0 : req.nodes[std::size_t(m)]].push_back(m);
+  const std::size_t L = by_node.begin()->second.size(), N = by_node.size();
+  bool even = true;
+  for (const auto& [node, members] : by_node)
+    even = even && members.size() == L;
+  if (req.op != CollOp::all_reduce || req.deterministic || N < 2 || !even) {
+    Plan p = build_ring_plan(req);
+    p.algorithm = Algorithm::ring;
+    return p;
+  }
+  std::vector<std::vector<int>> local;  // [node][local index] -> member
+  for (auto& [node, members] : by_node)
+    local.push_back(members);
+  const std::int64_t c = req.count;
+  const auto off = [&](std::size_t s) { return segment_offset(c, int(L), int(s)); };
+  const auto len = [&](std::size_t s) { return segment_length(c, int(L), int(s)); };
+  Plan plan{req.op, Algorithm::hierarchical, {}, c};
+  // 1. Intra-node reduce-scatter into scratch (partial sums of the node).
+  std::vector<Step> rs;
+  for (std::size_t k = 0; k < N; ++k)
+    for (std::size_t s = 0; s < L; ++s) {
+      if (len(s) == 0) continue;
+      const int m = local[k][s];
+      Step st{Step::reduce, m, {}, {{m, Buf::scratch, off(s)}}, len(s), false};
+      for (std::size_t j = 0; j < L; ++j)  // from the segment's owner on, like arrival order
+        st.srcs.push_back({local[k][(s + j) % L], Buf::in, off(s)});
+      rs.push_back(std::move(st));
+    }
+  plan.rounds.push_back(std::move(rs));
+  // 2. Inter-node all-reduce of segment s among the N members with local index s.
+  std::vector<Step> ar;
+  for (std::size_t s = 0; s < L; ++s)
+    for (std::size_t t = 0; t < N; ++t) {
+      const std::int64_t sub_off = off(s) + segment_offset(len(s), int(N), int(t)),
+                         sub_len = segment_length(len(s), int(N), int(t));
+      if (sub_len == 0) continue;
+      const int actor = local[t][s];
+      Step st{Step::reduce, actor, {}, {}, sub_len, true};
+      for (std::size_t k = 0; k < N; ++k) {
+        st.srcs.push_back({local[(t + k) % N][s], Buf::scratch, sub_off});
+        st.dsts.push_back({local[k][s], Buf::out, sub_off});
+      }
+      ar.push_back(std::move(st));
+    }
+  plan.rounds.push_back(std::move(ar));
+  // 3. Intra-node all-gather of the reduced segments.
+  std::vector<Step> ag;
+  for (std::size_t k = 0; k < N; ++k)
+    for (std::size_t s = 0; s < L; ++s) {
+      if (len(s) == 0 || L == 1) continue;
+      const int m = local[k][s];
+      Step st{Step::copy, m, {{m, Buf::out, off(s)}}, {}, len(s), false};
+      for (std::size_t j = 0; j < L; ++j)
+        if (j != s) st.dsts.push_back({local[k][j], Buf::out, off(s)});
+      ag.push_back(std::move(st));
+    }
+  plan.rounds.push_back(std::move(ag));
+  return plan;
+}
+
+}  // namespace cocemu

@@ -1,0 +1,269 @@
+// Clusters (R-TO-1, R-TO-2, R-TO-5): profiles describe nodes, a fabric inside them and a network
+// between them; every transfer is priced on the link it crosses; groups spanning nodes use the
+// hierarchical all_reduce (exact, like every plan); the double ring's inner and outer transfers
+// run side by side on their own links. Modeled times are worked out by hand on round numbers.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cocemu/attention/context_parallel.h"
+#include "cocemu/collectives/ops.h"
+#include "cocemu/collectives/plan.h"
+#include "testing.h"
+
+namespace cocemu {
+namespace {
+
+using testing::expect_error;
+using testing::run_ranks;
+
+/// `per_node` devices per node; inside a node 1 B/ns per peer link (a full mesh, so a device's
+/// links add up), between nodes 0.1 B/ns per device NIC; no latencies.
+std::string two_level(int per_node, double intra = 1e9, double inter = 1e8,
+                      const std::string& more = "") {
+  return fmt::format(
+      "{{topology: {{devices_per_node: {}, intra_node: {{fabric: mesh, per_peer_bytes_per_s: {}, "
+      "per_device_bytes_per_s: {}, latency_ns: 0}}, inter_node: {{per_device_bytes_per_s: {}, "
+      "latency_ns: 0}}}}, collectives: {{hierarchical: {{step_latency_ns: 0, "
+      "bandwidth_efficiency: 1.0}}, auto_multi_node: [{{max_bytes: .inf, algorithm: "
+      "hierarchical}}]}}{}}}",
+      per_node, intra, 64 * intra, inter, more);
+}
+
+// R-TO-1: a transfer inside a node runs on a peer link, one between nodes on the NICs. A ring
+// all_reduce (non-deterministic: reduce-scatter then all-gather, 6 rounds) of c = 1000 f32 on
+// 4 ranks, 2 per node: every round each member sends c/4 elements = 1000 B to its successor; the
+// pairs 1→2 and 3→0 cross nodes, 1000 B at 0.1 B/ns = 10000 ns, which bounds each round: 60000.
+// Placed all on one node it would be 1000 ns a round: 6000.
+TEST(Topology, EveryTransferIsPricedOnTheLinkItCrosses) {
+  const auto p = testing::round_profile(two_level(2));
+  const Plan ring = build_plan({CollOp::all_reduce, Algorithm::ring, 4, 1000, 0, false, {}});
+  EXPECT_DOUBLE_EQ(price_plan(ring, *p, DType::f32, {0, 1, 2, 3}).total_ns, 60000);
+  EXPECT_DOUBLE_EQ(price_plan(ring, *p, DType::f32).total_ns, 6000);
+  // Placed 0 and 2 on node 0, 1 and 3 on node 1 (world ranks 0, 2, 1, 3 in group order): every
+  // ring pair crosses.
+  EXPECT_DOUBLE_EQ(price_plan(ring, *p, DType::f32, {0, 2, 1, 3}).total_ns, 60000);
+}
+
+// R-TO-2: the hierarchical all_reduce of the same call: an intra-node reduce-scatter (each member
+// reads its peer's half, 2000 B on a peer link: 2000 ns), an inter-node all-reduce of each half
+// among the two members with the same local index (each reduces a quarter, reading it from its
+// partner and writing the sum back, and the partner does the same: 2·1000 B each way over the
+// NIC, 2·(N−1)/N of the half as in a ring: 20000 ns) and an intra-node all-gather (2000 ns):
+// 24000 ns, against the ring's 60000.
+TEST(Topology, HierarchicalAllReduceCrossesTheNetworkOnce) {
+  const auto p = testing::round_profile(two_level(2));
+  PlanRequest req{CollOp::all_reduce, Algorithm::hierarchical, 4, 1000, 0, false, {}};
+  req.nodes = {0, 0, 1, 1};
+  const Plan h = build_plan(req);
+  EXPECT_EQ(h.algorithm, Algorithm::hierarchical);
+  const PlanCost c = price_plan(h, *p, DType::f32, {0, 1, 2, 3});
+  ASSERT_EQ(c.round_ns.size(), 3u);
+  EXPECT_DOUBLE_EQ(c.round_ns[0], 2000);
+  EXPECT_DOUBLE_EQ(c.round_ns[1], 20000);
+  EXPECT_DOUBLE_EQ(c.round_ns[2], 2000);
+  // Deterministic mode and other ops use the ring (rank-ordered partial sums).
+  req.deterministic = true;
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
+  req.deterministic = false;
+  req.op = CollOp::reduce_scatter;
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
+}
+
+// The auto table picks the hierarchical plan for a group that spans nodes, and the run's modeled
+// time is the plan's price; a group inside one node keeps the intra-node table (direct).
+TEST(Topology, AutoChoosesByTopologyAndTheRunPricesThePlan) {
+  WorldOptions wo;
+  wo.profile = testing::round_profile(two_level(2));
+  wo.deterministic = false;
+  const RunResult r = run_ranks(
+      4,
+      [](Rank& rank) {
+        Group world = Group::world(rank);
+        Group node = split(world, rank.id() / 2, rank.id());
+        Tensor x = Tensor::zeros({1000}, DType::f32);
+        all_reduce(world, x);
+        all_reduce(node, x);
+        rank.synchronize();
+      },
+      wo);
+  std::vector<std::pair<std::string, double>> seen;
+  for (const OpRecord& op : r.graph.ranks[0].ops)
+    if (op.cls == OpClass::comm) seen.push_back({op.detail, op.work_ns});
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[0].first.find("algo hierarchical"), std::string::npos) << seen[0].first;
+  EXPECT_DOUBLE_EQ(seen[0].second, 24000);
+  EXPECT_NE(seen[1].first.find("algo direct"), std::string::npos) << seen[1].first;
+  // Direct on 2 members: each reduces half (reads 2000 B) and writes it to the peer: 4000 ns.
+  EXPECT_DOUBLE_EQ(seen[1].second, 4000);
+}
+
+template <class T>
+void fill(const Tensor& t, int r, std::int64_t salt) {
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.data<T>()[i] = store_as<T>(acc_t<T>(double((r * 5 + i + salt) % 7) - 3));
+}
+
+// The hierarchical plan is exact for every reduce op, dtype, count and placement (small integers:
+// any summation order gives the exact answer), in place and out of place.
+TEST(Topology, HierarchicalAllReduceIsExact) {
+  for (int per_node : {1, 2, 3, 4})
+    for (int nodes : {2, 3, 4}) {
+      const int n = per_node * nodes;
+      WorldOptions wo;
+      wo.profile = testing::round_profile(two_level(per_node));
+      wo.deterministic = false;
+      run_ranks(
+          n,
+          [&](Rank& rank) {
+            Group g = Group::world(rank);
+            for (DType t : {DType::f32, DType::bf16, DType::f64, DType::i32})
+              for (std::int64_t c : {0, 1, 7, 13, 4096})
+                for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min})
+                  for (bool in_place : {false, true}) {
+                    if (op == ReduceOp::avg && !is_floating(t)) continue;
+                    visit_dtype(t, [&](auto tag) {
+                      using T = decltype(tag);
+                      if constexpr (!std::is_same_v<T, std::int8_t> &&
+                                    !std::is_same_v<T, std::uint8_t>) {
+                        Tensor in = Tensor::zeros({c}, t);
+                        Tensor out = in_place ? in : Tensor::zeros({c}, t);
+                        fill<T>(in, rank.id(), c);
+                        all_reduce(g, in, out, {.op = op, .algo = Algorithm::hierarchical});
+                        rank.synchronize();
+                        for (std::int64_t i = 0; i < c; ++i) {
+                          double want = op == ReduceOp::max ? -1e9 : op == ReduceOp::min ? 1e9 : 0;
+                          for (int r = 0; r < n; ++r) {
+                            const double v = double((r * 5 + i + c) % 7) - 3;
+                            want = op == ReduceOp::max   ? std::max(want, v)
+                                   : op == ReduceOp::min ? std::min(want, v)
+                                                         : want + v;
+                          }
+                          if (op == ReduceOp::avg) want /= n;
+                          const T w = store_as<T>(acc_t<T>(want));
+                          ASSERT_EQ(std::memcmp(&out.data<T>()[i], &w, sizeof(T)), 0)
+                              << "n " << n << " per node " << per_node << " " << name_of(t) << " c "
+                              << c << " op " << to_string(op) << " in place " << in_place << " i "
+                              << i << ": " << out.item(i) << " vs " << want;
+                        }
+                      }
+                    });
+                  }
+          },
+          wo);
+    }
+}
+
+// A send inside a node and one between nodes, 10000 B each: 10000 ns on a peer link, 100000 ns
+// on the NICs; started together on one rank they do not share (different links).
+TEST(Topology, PointToPointIsPricedOnItsPathAndLinksDoNotShare) {
+  WorldOptions wo;
+  wo.profile = testing::round_profile(two_level(2));
+  const RunResult r = run_ranks(
+      4,
+      [](Rank& rank) {
+        Group g = Group::world(rank);
+        Group second = split(g, 0, rank.id());
+        second.set_stream(rank.new_stream("second"));
+        Tensor a = Tensor::zeros({2500}, DType::f32), b = Tensor::zeros({2500}, DType::f32);
+        if (rank.id() == 0) {
+          isend(g, a, 1);       // same node
+          isend(second, b, 2);  // the other node
+        } else if (rank.id() == 1) {
+          irecv(g, a, 0);
+        } else if (rank.id() == 2) {
+          irecv(second, b, 0);
+        }
+        rank.synchronize();
+      },
+      wo);
+  std::vector<ScheduledOp> sends;
+  for (const OpRecord& op : r.graph.ranks[0].ops)
+    if (op.cls == OpClass::comm) sends.push_back(r.timeline.at({0, op.index}));
+  ASSERT_EQ(sends.size(), 2u);
+  EXPECT_EQ(sends[0].end_ns - sends[0].start_ns, 10000);
+  EXPECT_EQ(sends[1].end_ns - sends[1].start_ns, 100000);
+  EXPECT_EQ(sends[0].start_ns, sends[1].start_ns);
+}
+
+TEST(Topology, ProfilesDescribeClustersAndOldKeysStillWork) {
+  const DeviceProfile p = load_named_profile("ascend-910b");
+  EXPECT_EQ(p.topology.devices_per_node, 8);
+  EXPECT_TRUE(p.topology.multi_node);
+  EXPECT_FALSE(p.topology.intra_switch);
+  EXPECT_TRUE(load_named_profile("h100-sxm").topology.intra_switch);
+  // A world larger than a node needs an inter-node network.
+  const std::string one_node =
+      "{topology: {devices_per_node: 4, intra_node: {fabric: mesh, per_peer_bytes_per_s: 1.0e9, "
+      "per_device_bytes_per_s: 3.0e9, latency_ns: 0}}}";
+  WorldOptions wo;
+  wo.profile = testing::round_profile(one_node);
+  expect_error(
+      [&] {
+        run_ranks(
+            8, [](Rank&) {}, wo);
+      },
+      Errc::invalid_argument,
+      {"describes one node of 4 devices", "world of 8 ranks spans 2 nodes", "topology.inter_node"});
+  // Bad fabric names and mixed old and new keys are parse errors naming the key.
+  expect_error(
+      [] {
+        parse_device_profile(testing::round_profile_yaml("{topology: {intra_node: {fabric: ring, "
+                                                         "per_device_bytes_per_s: 1.0e9, "
+                                                         "latency_ns: 0}}}"),
+                             "t.yaml");
+      },
+      Errc::parse_error, {"t.yaml:", "fabric 'ring'", "mesh", "switch"});
+  expect_error(
+      [] {
+        parse_device_profile(testing::round_profile_yaml("{links: {per_peer_bytes_per_s: 1.0e9, "
+                                                         "per_rank_bytes_per_s: 1.0e9, "
+                                                         "latency_ns: 0}}"),
+                             "m.yaml");
+      },
+      Errc::parse_error, {"m.yaml:", "'links' and 'topology' both given"});
+}
+
+// R-TO-5 with CP attention on two nodes of two (dry run, bf16, causal, cp = 4, one head of 128,
+// c = 250 tokens per chunk: a KV message is T = 256000 B): peer links 8 B/ns (32000 ns a KV
+// message), NICs 1 B/ns (256000 ns); forward blocks F = 64000 ns (the first, diagonal, 64128).
+//  - plain ring: pairs 1→2 and 3→0 cross nodes, every step waits for a NIC transfer:
+//    3·256000 + 64000 = 832000 ns to the end of the last block;
+//  - double ring, window 2 (the windows are the nodes): the outer transfer crosses the network
+//    once, posted at the start of window 0 and overlapped with its two steps (64128 + 64000) on
+//    a link of its own, then window 1's steps: 256000 + 64000 + 64000 = 384000 ns.
+double ring_forward_ns(int window) {
+  WorldOptions o;
+  o.numerics = false;
+  o.profile = testing::round_profile(two_level(2, 8e9, 1e9));
+  attn::CpConfig cfg;
+  cfg.context_parallel_size = 4;
+  cfg.cp_window_size = window;
+  cfg.use_cp_send_recv_overlap = true;
+  const attn::AttentionProblem p{1, 1, 1, 2000, 128, DType::bf16, nullptr, 0};
+  const RunResult run = run_ranks(
+      4,
+      [&](Rank& rank) {
+        Group world = Group::world(rank);
+        attn::CpAttention a(world, cfg, p);
+        const Tensor q = Tensor::shape_only({500, 1, 128}, DType::bf16);
+        a.forward(q, q, q);
+      },
+      o);
+  std::int64_t first = -1, last = -1;
+  for (const OpRecord& op : run.graph.ranks[0].ops)
+    if (op.lane != 0 && op.name.rfind("attn fwd[", 0) == 0) {
+      const ScheduledOp t = run.timeline.at({0, op.index});
+      if (first < 0) first = t.start_ns;
+      last = t.end_ns;
+    }
+  return double(last - first);
+}
+
+TEST(Topology, DoubleRingHidesTheNetworkBehindTheInnerRing) {
+  EXPECT_NEAR(ring_forward_ns(1), 832000, 4);
+  EXPECT_NEAR(ring_forward_ns(2), 384000, 4);
+}
+
+}  // namespace
+}  // namespace cocemu

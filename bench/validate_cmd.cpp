@@ -15,7 +15,9 @@ void add_validate(CLI::App& app) {
       "validate",
       "compare the cost model with published measurements (reference | modeled | delta %)");
   sub->add_option("--references", *file, "references YAML (default: configs/validation.yaml)");
-  sub->callback([file] {
+  auto json = std::make_shared<std::string>();
+  sub->add_option("--json", *json, "also write references[], mean_abs_delta, max_abs_delta here");
+  sub->callback([file, json] {
     bench::Validation v;
     if (file->empty()) {
       v = bench::validate_shipped();
@@ -27,6 +29,11 @@ void add_validate(CLI::App& app) {
       v = bench::validate(ss.str(), *file);
     }
     std::fputs(bench::format_validation(v).c_str(), stdout);
+    if (!json->empty()) {
+      std::ofstream out(*json);
+      out << bench::validation_json(v);
+      COCEMU_CHECK_ARG(out.good(), "validate: cannot write --json '{}'", *json);
+    }
   });
 }
 

@@ -311,6 +311,7 @@ struct CpAttention::Impl {
       eff *= flops / (flops + prof.gemm.half_efficiency_flops);
     if ((std::uint64_t(D) * size_of(p.dtype)) % prof.gemm.alignment_bytes != 0)
       eff *= prof.gemm.unaligned_efficiency;
+    eff *= prof.attention_efficiency;
     return std::max(flops / (prof.peak(p.dtype) * eff) * 1e9, prof.kernel_min_ns);
   }
 

@@ -30,7 +30,9 @@ double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q
                     std::int64_t d, DType dtype, double visible) {
   if (heads == 0 || s_q == 0 || s_k == 0) return p.kernel_min_ns;
   const double flops = 4.0 * double(heads) * double(s_q) * double(s_k) * double(d) * visible;
-  const double compute = flops / (p.peak(dtype) * gemm_efficiency(p, s_q, s_k, d, dtype)) * 1e9;
+  const double compute =
+      flops / (p.peak(dtype) * gemm_efficiency(p, s_q, s_k, d, dtype) * p.attention_efficiency) *
+      1e9;
   const double bytes = double(size_of(dtype)) * double(heads) * double(2 * s_q * d + 2 * s_k * d);
   return std::max({compute, bytes / p.memory_bandwidth * 1e9, p.kernel_min_ns});
 }

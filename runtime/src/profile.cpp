@@ -1,9 +1,12 @@
 #include "cocemu/runtime/profile.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
+
+#include <fmt/ranges.h>
 
 #include "cocemu/runtime/detail/yaml_reader.h"
 
@@ -157,6 +160,8 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   p.gemm.unaligned_efficiency = gemm.number("unaligned_efficiency", 0.01, 1.0);
   gemm.finish();
   p.kernel_min_ns = compute.number("kernel_min_ns", 0, 1e7);
+  if (compute.has("attention_efficiency"))
+    p.attention_efficiency = compute.number("attention_efficiency", 0.01, 1.0);
   compute.finish();
 
   YamlReader memory = top.map("memory");
@@ -187,8 +192,93 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   p.contention.compute_slowdown = cont.number("compute_slowdown", 1.0, 10.0);
   p.contention.comm_slowdown = cont.number("comm_slowdown", 1.0, 10.0);
   cont.finish();
+  if (top.has("assumptions")) {
+    const std::vector<std::string> known = p.scalable_keys();
+    for (const auto& [key, where] : top.strings("assumptions")) {
+      COCEMU_CHECK(std::find(known.begin(), known.end(), key) != known.end(), Errc::parse_error,
+                   "{}: assumption '{}' is not a parameter of this profile; allowed: {}", where,
+                   key, fmt::join(known, ", "));
+      p.assumptions.push_back(key);
+    }
+  }
   top.finish();
   return p;
+}
+
+namespace {
+/// The parameter behind a dotted key, and how it scales.
+struct Param {
+  double* value;
+  enum Kind { plain, fraction, slowdown } kind;
+};
+
+std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
+  std::vector<std::pair<std::string, Param>> v;
+  for (auto& [t, f] : p.peak_flops)
+    v.push_back({fmt::format("compute.peak_flops.{}", name_of(t)), {&f, Param::plain}});
+  v.push_back({"compute.gemm.max_efficiency", {&p.gemm.max_efficiency, Param::fraction}});
+  v.push_back({"compute.gemm.half_efficiency_flops", {&p.gemm.half_efficiency_flops, Param::plain}});
+  v.push_back({"compute.gemm.unaligned_efficiency", {&p.gemm.unaligned_efficiency, Param::fraction}});
+  v.push_back({"compute.attention_efficiency", {&p.attention_efficiency, Param::fraction}});
+  v.push_back({"compute.kernel_min_ns", {&p.kernel_min_ns, Param::plain}});
+  v.push_back({"memory.bandwidth_bytes_per_s", {&p.memory_bandwidth, Param::plain}});
+  Topology& t = p.topology;
+  if (!t.intra_switch)
+    v.push_back({"topology.intra_node.per_peer_bytes_per_s", {&t.intra_per_peer, Param::plain}});
+  v.push_back({"topology.intra_node.per_device_bytes_per_s", {&t.intra_per_device, Param::plain}});
+  v.push_back({"topology.intra_node.latency_ns", {&t.intra_latency_ns, Param::plain}});
+  if (t.multi_node) {
+    v.push_back(
+        {"topology.inter_node.per_device_bytes_per_s", {&t.inter_per_device, Param::plain}});
+    v.push_back({"topology.inter_node.latency_ns", {&t.inter_latency_ns, Param::plain}});
+  }
+  for (auto& [name, a] : p.algorithms) {
+    v.push_back({"collectives." + name + ".step_latency_ns", {&a.step_latency_ns, Param::plain}});
+    v.push_back({"collectives." + name + ".bandwidth_efficiency",
+                 {&a.bandwidth_efficiency, Param::fraction}});
+  }
+  v.push_back({"host.launch_overhead_ns", {&p.launch_overhead_ns, Param::plain}});
+  v.push_back({"host.fused_launch_overhead_ns", {&p.fused_launch_overhead_ns, Param::plain}});
+  v.push_back({"contention.compute_slowdown", {&p.contention.compute_slowdown, Param::slowdown}});
+  v.push_back({"contention.comm_slowdown", {&p.contention.comm_slowdown, Param::slowdown}});
+  return v;
+}
+}  // namespace
+
+std::vector<std::string> DeviceProfile::scalable_keys() const {
+  DeviceProfile copy = *this;
+  std::vector<std::string> keys;
+  for (const auto& [key, param] : params_of(copy))
+    keys.push_back(key);
+  return keys;
+}
+
+DeviceProfile DeviceProfile::scaled(const std::string& key, double factor) const {
+  DeviceProfile copy = *this;
+  for (auto& [k, param] : params_of(copy)) {
+    if (k != key) continue;
+    double& x = *param.value;
+    switch (param.kind) {
+      case Param::plain:
+        x *= factor;
+        break;
+      case Param::fraction:
+        x = std::min(1.0, x * factor);
+        break;
+      case Param::slowdown:
+        x = 1.0 + (x - 1.0) * factor;
+        break;
+    }
+    if (key.starts_with("topology.intra_node.per_") && !copy.topology.intra_switch) {
+      // Keep a mesh consistent: the device total is at least one peer link.
+      copy.topology.intra_per_device =
+          std::max(copy.topology.intra_per_device, copy.topology.intra_per_peer);
+    }
+    if (copy.topology.intra_switch) copy.topology.intra_per_peer = copy.topology.intra_per_device;
+    return copy;
+  }
+  COCEMU_FAIL(Errc::invalid_argument, "profile '{}' has no parameter '{}'; allowed: {}", name, key,
+              fmt::join(scalable_keys(), ", "));
 }
 
 DeviceProfile load_device_profile(const std::string& path) {

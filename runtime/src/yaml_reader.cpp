@@ -131,6 +131,19 @@ std::vector<YamlReader> YamlReader::sequence(const std::string& key) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> YamlReader::strings(const std::string& key) {
+  YAML::Node n = get(key);
+  COCEMU_CHECK(n.IsSequence(), Errc::parse_error, "{}: '{}{}' must be a list", where(n),
+               path_.empty() ? "" : path_ + ".", key);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    COCEMU_CHECK(n[i].IsScalar(), Errc::parse_error, "{}: '{}{}[{}]' must be a plain string",
+                 where(n[i]), path_.empty() ? "" : path_ + ".", key, i);
+    out.push_back({n[i].Scalar(), where(n[i])});
+  }
+  return out;
+}
+
 std::vector<std::string> YamlReader::keys() {
   std::vector<std::string> out;
   for (auto it = node_.begin(); it != node_.end(); ++it) {

@@ -234,23 +234,42 @@ TEST(Bench, TunedConfigNeverModelsSlowerThanTheBestSingleP) {
 
 TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
   const Validation v = validate_shipped();
-  EXPECT_GE(v.rows.size(), 8u);
-  EXPECT_LE(v.mean_abs_delta_pct, 15.0);
-  EXPECT_LE(v.max_abs_delta_pct, 30.0);
+  EXPECT_GE(v.rows.size(), 14u);
+  EXPECT_LE(v.mean_abs_delta_pct, 10.0);
+  EXPECT_LE(v.max_abs_delta_pct, 25.0);
+  int ascend = 0, multi_node = 0, tests = 0;
   for (const Reference& r : v.rows) {
-    EXPECT_TRUE(r.source.find("http") != std::string::npos ||
-                r.source.find("arXiv") != std::string::npos)
-        << r.name;
+    EXPECT_NE(r.source.find("http"), std::string::npos) << r.name;
     EXPECT_GT(r.modeled, 0) << r.name;
+    ascend += r.device == "ascend-910b";
+    multi_node += r.nodes > 1;
+    tests += r.fitted.empty();
   }
+  EXPECT_GE(ascend, 3);
+  EXPECT_GE(multi_node, 2);
+  EXPECT_GT(tests, int(v.rows.size()) / 2) << "most references must only test the model";
+  const nlohmann::json j = nlohmann::json::parse(validation_json(v));
+  ASSERT_EQ(j["references"].size(), v.rows.size());
+  for (const char* key :
+       {"name", "kind", "device", "nodes", "source", "published", "modeled", "delta"})
+    EXPECT_TRUE(j["references"][0].contains(key)) << key;
+  EXPECT_NEAR(j["max_abs_delta"].get<double>(), v.max_abs_delta_pct / 100, 1e-12);
   testing::expect_error(
       [] {
         validate(
-            "references:\n  - {name: x, kind: gemm_tflops, profile: h100-sxm, m: 1, n: 1, "
-            "k: 1, dtype: bf16, value: 1, source: s, extra: 1}\n",
+            "references:\n  - {name: x, kind: gemm, device: h100-sxm, m: 1, n: 1, "
+            "k: 1, dtype: bf16, published: 1, source: s, extra: 1}\n",
             "bad.yaml");
       },
       Errc::parse_error, {"bad.yaml", "extra"});
+  testing::expect_error(
+      [] {
+        validate(
+            "references:\n  - {name: x, kind: gemm, device: h100-sxm, m: 1, n: 1, "
+            "k: 1, dtype: bf16, published: 1, source: s, fitted: [warp.drive]}\n",
+            "fit.yaml");
+      },
+      Errc::parse_error, {"fit.yaml", "'warp.drive'", "h100-sxm"});
 }
 
 TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {

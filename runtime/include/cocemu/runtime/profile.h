@@ -59,6 +59,9 @@ struct DeviceProfile {
   Topology topology;
   std::map<DType, double> peak_flops;  ///< dense FLOP/s per device and dtype
   GemmEfficiency gemm;
+  /// Flash attention's efficiency relative to a GEMM of its size (softmax and its rescaling
+  /// share the cores with the matmuls).
+  double attention_efficiency = 1.0;
   double kernel_min_ns = 0;                                   ///< shortest possible kernel
   double memory_bandwidth = 1;                                ///< bytes/s of device memory
   std::map<std::string, CollectiveAlgorithmCost> algorithms;  ///< "ring", "direct", …
@@ -67,8 +70,17 @@ struct DeviceProfile {
   double launch_overhead_ns = 0;                     ///< host cost of one script-side op launch
   double fused_launch_overhead_ns = 0;               ///< host cost of launching one fused kernel
   ContentionModel contention;
+  /// Dotted keys of the numbers no public source pins down (`assumptions:` in the YAML), each a
+  /// key `scaled` accepts; sensitivity analyses scale them one at a time.
+  std::vector<std::string> assumptions;
 
   double peak(DType t) const;
+  /// A copy with the parameter at dotted `key` (e.g. "host.launch_overhead_ns",
+  /// "collectives.ring.bandwidth_efficiency", "compute.peak_flops.bf16") multiplied by `factor`.
+  /// Fractions (efficiencies) are capped at 1; contention factors scale their excess over 1.
+  DeviceProfile scaled(const std::string& key, double factor) const;
+  /// Every key `scaled` accepts for this profile.
+  std::vector<std::string> scalable_keys() const;
   /// The algorithm the auto rule table picks for a message of `bytes` per rank, for a group
   /// inside one node or spanning nodes.
   const std::string& auto_algorithm(std::uint64_t bytes, bool multi_node = false) const;

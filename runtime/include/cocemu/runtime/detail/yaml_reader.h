@@ -27,6 +27,8 @@ class YamlReader {
   std::string string_or(const std::string& key, const std::string& fallback);
   YamlReader map(const std::string& key);
   std::vector<YamlReader> sequence(const std::string& key);
+  /// A list of plain strings (scalars), with the line of each.
+  std::vector<std::pair<std::string, std::string>> strings(const std::string& key);
   /// Keys of this map, in file order (each marked as used).
   std::vector<std::string> keys();
   /// Throws for every key not consumed by the calls above.

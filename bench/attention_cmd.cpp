@@ -9,7 +9,10 @@
 #include <mutex>
 #include <random>
 
+#include <fmt/ranges.h>
+
 #include "cocemu/attention/context_parallel.h"
+#include "cocemu/bench/sensitivity.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/error.h"
@@ -26,11 +29,50 @@ using namespace attn;
 struct AttnOpts {
   int cp = 4, window = 1, ulysses = 0, tp = 1;
   std::string algo = "megatron_cp_algo", mask = "causal", mask_file, layout = "bnsd";
-  bool overlap = false, dry_run = false, bench = false, causal_bench = false;
+  bool overlap = false, dry_run = false, bench = false, causal_bench = false, sensitivity = false;
   std::int64_t batch = 1, heads = 8, kv_heads = 0, seq = 256, head_dim = 64;
   std::string dtype = "f64", q, k, v, dout, out_dir, profile = "ascend-910b", trace, svg, json;
   std::uint64_t seed = 1;
 };
+
+/// Modeled forward+backward time of one configuration (a dry run on cp ranks).
+std::int64_t modeled_ns(const CpConfig& c, const AttentionProblem& p,
+                        std::shared_ptr<const DeviceProfile> profile) {
+  WorldOptions wo;
+  wo.n_ranks = c.context_parallel_size;
+  wo.numerics = false;
+  wo.profile = std::move(profile);
+  const RunResult r = run(wo, [&](Rank& rank) {
+    Group world = Group::world(rank);
+    CpAttention attn(world, c, p);
+    const std::int64_t S = std::int64_t(attn.positions().size());
+    attn.forward(Tensor::shape_only({S, p.batch, p.heads * p.head_dim}, p.dtype),
+                 Tensor::shape_only({S, p.batch, p.kv_heads * p.head_dim}, p.dtype),
+                 Tensor::shape_only({S, p.batch, p.kv_heads * p.head_dim}, p.dtype));
+    attn.backward(Tensor::shape_only({S, p.batch, p.heads * p.head_dim}, p.dtype));
+  });
+  return r.timeline.makespan_ns();
+}
+
+/// The valid cp_window_size values of a configuration (1 and the divisors of the ring degree
+/// that MindSpeed's rules accept).
+std::vector<int> valid_windows(CpConfig c, const AttentionProblem& p) {
+  std::vector<int> out;
+  if (c.context_parallel_algo == "ulysses_cp_algo") return {1};
+  const int ring = c.context_parallel_algo == "hybrid_cp_algo"
+                       ? c.context_parallel_size / std::max(1, c.ulysses_degree_in_cp)
+                       : c.context_parallel_size;
+  for (int w = 1; w <= ring; ++w) {
+    if (ring % w) continue;
+    c.cp_window_size = w;
+    try {
+      validate(c, p);
+      out.push_back(w);
+    } catch (const Error&) {
+    }
+  }
+  return out;
+}
 
 Tensor load_sbh(const std::string& path, std::int64_t S, std::int64_t B, std::int64_t H,
                 std::int64_t D, DType dtype, const char* what) {
@@ -164,6 +206,9 @@ void add_attention(CLI::App& app) {
       "local f32 flash attention forward vs sgemm (use --seq 4096 --head-dim 128 --heads 8)");
   sub->add_flag("--causal-bench", o->causal_bench, "benchmark with a causal mask");
   sub->add_option("--json", o->json, "write results as JSON");
+  sub->add_flag("--sensitivity", o->sensitivity,
+                "model every valid cp_window_size with each assumption of the profile scaled "
+                "x0.5 and x2, and report whether the best window flips");
   sub->callback([o] {
     if (o->bench) return run_bench(*o);
     const DType dtype = parse_dtype(o->dtype);
@@ -195,6 +240,41 @@ void add_attention(CLI::App& app) {
       p.general_mask = g;
     }
     validate(c, p);
+    if (o->sensitivity) {
+      // The choice at stake: the window (double ring) for this algorithm, degree and shape.
+      const std::vector<int> windows = valid_windows(c, p);
+      AttentionProblem shapes = p;
+      shapes.general_mask = nullptr;  // the cost model prices masks by visible pairs only
+      CpConfig sc = c;
+      if (sc.attention_mask_type == "general") sc.attention_mask_type = "causal";
+      const auto analyse = [&](std::shared_ptr<const DeviceProfile> prof) {
+        int best = windows.front();
+        std::int64_t best_ns = -1;
+        for (int w : windows) {
+          sc.cp_window_size = w;
+          const std::int64_t ns = modeled_ns(sc, shapes, prof);
+          if (best_ns < 0 || ns < best_ns) best = w, best_ns = ns;
+        }
+        return bench::Conclusions{{"best cp_window_size", std::to_string(best)}};
+      };
+      const auto profile = load_named_profile(o->profile);
+      const bench::Sensitivity sens = bench::sensitivity(profile, analyse);
+      std::printf("# cocemu attention --sensitivity: %s cp=%d, windows %s, profile %s (modeled)\n",
+                  c.context_parallel_algo.c_str(), c.context_parallel_size,
+                  fmt::format("{}", fmt::join(windows, ", ")).c_str(), profile.name.c_str());
+      std::printf("best cp_window_size %s%s\n", sens.base.at("best cp_window_size").c_str(),
+                  sens.fragile("best cp_window_size").empty()
+                      ? " (robust)"
+                      : ("  [fragile: " + sens.fragile("best cp_window_size") + "]").c_str());
+      std::fputs(bench::format_sensitivity(sens).c_str(), stdout);
+      if (!o->json.empty()) {
+        std::ofstream f(o->json);
+        f << nlohmann::json{{"dry_run", true}, {"sensitivity", bench::to_json(sens)}}.dump(2)
+          << "\n";
+        COCEMU_CHECK_ARG(f.good(), "attention: cannot write --json '{}'", o->json);
+      }
+      return;
+    }
     const bool numerics = !o->dry_run;
     Tensor q, k, v, dout;
     if (numerics) {
@@ -265,7 +345,7 @@ void add_attention(CLI::App& app) {
       if (op.lane == 1 && op.cls == OpClass::compute)
         (fwd ? fwd_busy : bwd_busy) += s.end_ns - s.start_ns;
       if ((op.lane == 1 && op.name.rfind("attn ", 0) == 0) ||
-          (op.lane == 2 && op.cls == OpClass::comm))
+          (op.lane != 0 && op.cls == OpClass::comm))
         steps.push_back(fmt::format("  {:<8} {:<44} {:>12.1f} {:>12.1f}",
                                     op.lane == 1 ? "compute" : "comm", op.name, s.start_ns / 1e3,
                                     (s.end_ns - s.start_ns) / 1e3));

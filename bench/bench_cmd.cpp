@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "cocemu/bench/layer_bench.h"
 #include "cocemu/layers/coc_config.h"
@@ -18,7 +19,7 @@ namespace {
 
 struct BenchOpts {
   std::string model, profile = "ascend-910b", coc_config, out_dir = "cocemu-bench-out", json;
-  bool dry_run = false, no_progress = false, nondeterministic = false;
+  bool dry_run = false, no_progress = false, nondeterministic = false, sensitivity = false;
   int repeats = 3;
 };
 
@@ -76,6 +77,9 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--json", o->json, "write the results here (default: OUT_DIR/bench.json)");
   sub->add_flag("--no-progress", o->no_progress, "no progress bar");
+  sub->add_flag("--sensitivity", o->sensitivity,
+                "scale each assumption of the profile x0.5 and x2 (modeled runs) and report "
+                "which verdicts and best strategies flip; fragile ones are marked");
   sub->add_flag("--nondeterministic", o->nondeterministic,
                 "owner-first reductions, OpenBLAS GEMMs and the library's collective plans "
                 "(bits may then differ between strategies)");
@@ -87,7 +91,17 @@ void add_bench(CLI::App& app) {
     if (!o->coc_config.empty())
       c.strategies = bench::default_strategies(layers::load_coc_config(o->coc_config));
     const bench::BenchResult r = bench::run_bench(c, ProgressBar(!o->no_progress));
-    std::fputs(bench::format_report(r).c_str(), stdout);
+    std::optional<bench::Sensitivity> sens;
+    if (o->sensitivity) {
+      bench::BenchConfig dry = c;
+      dry.dry_run = true;  // conclusions come from the modeled timeline only
+      sens = bench::sensitivity(*c.profile, [&](std::shared_ptr<const DeviceProfile> p) {
+        dry.profile = std::move(p);
+        return bench::bench_conclusions(bench::run_bench(dry));
+      });
+    }
+    std::fputs(bench::format_report(r, sens ? &*sens : nullptr).c_str(), stdout);
+    if (sens) std::fputs(bench::format_sensitivity(*sens).c_str(), stdout);
 
     std::filesystem::create_directories(o->out_dir);
     const std::string json_path = o->json.empty() ? o->out_dir + "/bench.json" : o->json;
@@ -102,7 +116,9 @@ void add_bench(CLI::App& app) {
     }
     std::ofstream f(json_path);
     COCEMU_CHECK_ARG(f.good(), "bench: cannot write '{}'", json_path);
-    f << bench::to_json(r).dump(2) << "\n";
+    nlohmann::json j = bench::to_json(r);
+    if (sens) j["sensitivity"] = bench::to_json(*sens);
+    f << j.dump(2) << "\n";
     std::printf("results      %s\n", json_path.c_str());
   });
 }

@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/collectives/plan.h"
 #include "cocemu/runtime/error.h"
 #include "commands.h"
 
@@ -168,6 +169,61 @@ std::int64_t count_wrong(const Case& c, Group& g, const Buffers& b) {
   return wrong;
 }
 
+/// The per-rank element count `model_collective` takes for a case (ops.h conventions).
+std::int64_t plan_count(const Case& c, int n, DType dtype) {
+  const std::int64_t S = std::int64_t(c.size / size_of(dtype));
+  switch (c.op) {
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter:
+    case CollOp::all_to_all:
+      return S / n;
+    default:
+      return S;
+  }
+}
+
+/// --dry-run: every case priced without running it (one representative call: every member of
+/// the world group does the same), modeled columns only.
+void dry_run_rows(const DeviceProfile& profile, const std::vector<Case>& cases, int n, DType dtype,
+                  Algorithm algo, bool deterministic, const std::string& json) {
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    ranks[std::size_t(r)] = r;
+  std::printf(
+      "# cocemu collbench DRY RUN: %d ranks (%d nodes), dtype %s, profile %s, %s reductions — "
+      "modeled only, no threads, no numerics, no wall time\n",
+      n, (n + profile.topology.devices_per_node - 1) / profile.topology.devices_per_node,
+      name_of(dtype).data(), profile.name.c_str(),
+      deterministic ? "deterministic" : "nondeterministic");
+  nlohmann::json rows = nlohmann::json::array();
+  std::string current;
+  for (const Case& c : cases) {
+    if (c.in_place) continue;  // the same plan and price as out of place
+    const ModeledCollective m = model_collective(profile, c.op, ranks, plan_count(c, n, dtype),
+                                                 dtype, c.size, algo, deterministic);
+    const double us = m.cost.total_ns / 1e3;
+    const double busbw = double(c.size) / (us * 1e-6) / 1e9 * bus_factor(c.op, n);
+    if (current != to_string(c.op)) {
+      current = to_string(c.op);
+      std::printf("\n# %s\n%12s %12s %5s %12s %11s %8s\n", current.c_str(), "size", "count", "type",
+                  "algo", "modeled us", "m.busbw");
+    }
+    std::printf("%12llu %12lld %5s %12s %11.1f %8.2f\n", (unsigned long long)c.size,
+                (long long)(c.size / size_of(dtype)), name_of(dtype).data(),
+                to_string(m.plan.algorithm), us, busbw);
+    rows.push_back({{"op", current},
+                    {"ranks", n},
+                    {"size_bytes", c.size},
+                    {"algo", to_string(m.plan.algorithm)},
+                    {"modeled_us", us},
+                    {"modeled_busbw_gbps", busbw}});
+  }
+  if (json.empty()) return;
+  std::ofstream f(json);
+  f << nlohmann::json{{"profile", profile.name}, {"dry_run", true}, {"rows", rows}}.dump(2) << "\n";
+  COCEMU_CHECK_ARG(f.good(), "collbench: cannot write --json file '{}'", json);
+}
+
 }  // namespace
 
 void add_collbench(CLI::App& app) {
@@ -179,12 +235,13 @@ void add_collbench(CLI::App& app) {
     int factor = 4;
     std::string dtype = "f32", algo = "auto", profile = "ascend-910b", json;
     int samples = 0;
-    bool nondeterministic = false, check = true;
+    bool nondeterministic = false, check = true, dry_run = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* sub = app.add_subcommand(
       "collbench", "nccl-tests-style table per collective: host wall time and modeled time");
-  sub->add_option("-n,--ranks", o->ranks, "number of ranks (1..64)")->capture_default_str();
+  sub->add_option("-n,--ranks", o->ranks, "number of ranks (1..64; 1..1024 with --dry-run)")
+      ->capture_default_str();
   sub->add_option("--ops", o->ops, "collectives to run")->delimiter(',')->capture_default_str();
   sub->add_option("-b,--min-bytes", o->min_bytes, "smallest size S in bytes")
       ->capture_default_str();
@@ -199,6 +256,10 @@ void add_collbench(CLI::App& app) {
                 "reduce in arrival-like order instead of rank order");
   sub->add_option("--check", o->check, "verify results (#wrong)")->capture_default_str();
   sub->add_option("--json", o->json, "write rows as JSON to this file");
+  sub->add_flag("--dry-run", o->dry_run,
+                "modeled only: each call priced as the emulator prices it (model_collective) on "
+                "world ranks 0..n-1 of the profile's cluster, without threads or numerics; -n "
+                "up to 1024");
   sub->callback([o] {
     COCEMU_CHECK_ARG(o->factor >= 2, "collbench: --factor {} must be >= 2", o->factor);
     COCEMU_CHECK_ARG(o->min_bytes >= 1 && o->min_bytes <= o->max_bytes,
@@ -215,6 +276,8 @@ void add_collbench(CLI::App& app) {
     wo.deterministic = !o->nondeterministic;
     wo.record_wall_times = false;
     const int n = o->ranks;
+    COCEMU_CHECK_ARG(n >= 1 && n <= (o->dry_run ? 1024 : 64),
+                     "collbench: -n {} is out of range; allowed 1..64 (1..1024 with --dry-run)", n);
     const std::uint64_t align = std::uint64_t(n) * size_of(dtype);
     std::vector<Case> cases;
     for (CollOp op : ops)
@@ -224,6 +287,8 @@ void add_collbench(CLI::App& app) {
           cases.push_back({op, size, in_place});
       }
     std::vector<Row> rows(cases.size());
+    if (o->dry_run)
+      return dry_run_rows(*wo.profile, cases, n, dtype, algo, wo.deterministic, o->json);
     std::mutex mu;
     RunResult result = run(wo, [&](Rank& rank) {
       Group world = Group::world(rank);

@@ -509,7 +509,34 @@ nlohmann::json to_json(const BenchResult& r) {
   return j;
 }
 
-std::string format_report(const BenchResult& r) {
+Conclusions bench_conclusions(const BenchResult& r) {
+  Conclusions c;
+  const auto& base = r.strategies.at(0).segments;
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    const int b = best_for_segment(r, k);
+    c[base[k].name + " best strategy"] =
+        b >= 0 && r.strategies[std::size_t(b)].segments[k].span_ns < base[k].span_ns
+            ? r.strategies[std::size_t(b)].name
+            : "serial";
+    for (std::size_t i = 1; i < r.strategies.size(); ++i)
+      if (k < r.strategies[i].verdicts.size()) {
+        const Verdict& v = r.strategies[i].verdicts[k];
+        c[base[k].name + " " + r.strategies[i].name + " verdict"] =
+            v.success ? "overlap succeeded" : v.failed;
+      }
+  }
+  std::size_t fastest = 0;
+  for (std::size_t i = 1; i < r.strategies.size(); ++i)
+    if (r.strategies[i].modeled_ns < r.strategies[fastest].modeled_ns) fastest = i;
+  c["fastest strategy"] = r.strategies[fastest].name;
+  return c;
+}
+
+std::string format_report(const BenchResult& r, const Sensitivity* sens) {
+  const auto fragile = [&](const std::string& what) {
+    const std::string why = sens ? sens->fragile(what) : "";
+    return why.empty() ? std::string() : "  [fragile: " + why + "]";
+  };
   const bool dry = r.config.dry_run;
   std::string out = fmt::format("# cocemu bench — {}\n", describe(r.config));
   out += dry ? "# DRY RUN: shapes only, numerics skipped — modeled times only, no wall time, no "
@@ -568,13 +595,16 @@ std::string format_report(const BenchResult& r) {
       out += base[k].name + "\n";
     } else {
       const double split = r.strategies[std::size_t(b)].segments[k].span_ns;
-      out += fmt::format("{} — best split {} {:.1f} us vs serial {:.1f} us{}\n", base[k].name,
+      out += fmt::format("{} — best split {} {:.1f} us vs serial {:.1f} us{}{}\n", base[k].name,
                          r.strategies[std::size_t(b)].name, split / 1e3, base[k].span_ns / 1e3,
-                         split < base[k].span_ns ? "" : " (serial is fastest)");
+                         split < base[k].span_ns ? "" : " (serial is fastest)",
+                         fragile(base[k].name + " best strategy"));
     }
     for (std::size_t i = 1; i < r.strategies.size(); ++i)
       if (k < r.strategies[i].verdicts.size())
-        out += fmt::format("  {:<11} {}\n", r.strategies[i].name, r.strategies[i].verdicts[k].text);
+        out +=
+            fmt::format("  {:<11} {}{}\n", r.strategies[i].name, r.strategies[i].verdicts[k].text,
+                        fragile(base[k].name + " " + r.strategies[i].name + " verdict"));
   }
   return out;
 }

@@ -213,19 +213,15 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   CallSignature& sig = call.sig;
   sig.deterministic = o.deterministic.value_or(rank.deterministic());
   const DeviceProfile& prof = rank.profile();
-  std::vector<int> nodes;
   bool multi_node = false;
-  for (int w : g.ranks()) {
-    nodes.push_back(prof.topology.node_of(w));
-    multi_node = multi_node || nodes.back() != nodes.front();
-  }
+  for (int w : g.ranks())
+    multi_node = multi_node || prof.topology.node_of(w) != prof.topology.node_of(g.ranks()[0]);
   sig.algorithm = o.algo == Algorithm::automatic
                       ? parse_algorithm(prof.auto_algorithm(call.size_bytes, multi_node))
                       : o.algo;
-  PlanRequest req{sig.op, sig.algorithm, g.size(), sig.count, sig.root, sig.deterministic, {}};
-  req.nodes = std::move(nodes);
   std::shared_ptr<const detail::CachedPlan> cached;
   if (!call.send_counts.empty()) {  // price from this rank's own view of the exchange
+    PlanRequest req{sig.op, sig.algorithm, g.size(), sig.count, sig.root, sig.deterministic, {}};
     req.send_counts.assign(std::size_t(g.size()), call.send_counts);
     Plan plan = build_plan(req);
     PlanCost cost = price_plan(plan, prof, sig.dtype, g.ranks());
@@ -238,10 +234,11 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
                               std::uint64_t(sig.dtype) << 24 | std::uint64_t(sig.root) << 32;
     auto& slot = cache[{key, sig.count}];
     if (!slot) {
-      Plan plan = build_plan(req);
-      PlanCost cost = price_plan(plan, prof, sig.dtype, g.ranks());
+      ModeledCollective m =
+          model_collective(prof, sig.op, g.ranks(), sig.count, sig.dtype, call.size_bytes,
+                           sig.algorithm, sig.deterministic, sig.root);
       slot = std::make_shared<const detail::CachedPlan>(
-          detail::CachedPlan{std::move(plan), std::move(cost)});
+          detail::CachedPlan{std::move(m.plan), std::move(m.cost)});
     }
     cached = slot;
   }

@@ -90,6 +90,25 @@ Plan build_plan(const PlanRequest& req) {
   return plan;
 }
 
+ModeledCollective model_collective(const DeviceProfile& p, CollOp op,
+                                   const std::vector<int>& world_ranks, std::int64_t count,
+                                   DType dtype, std::uint64_t size_bytes, Algorithm algo,
+                                   bool deterministic, int root) {
+  std::vector<int> nodes;
+  bool multi_node = false;
+  for (int w : world_ranks) {
+    nodes.push_back(p.topology.node_of(w));
+    multi_node = multi_node || nodes.back() != nodes.front();
+  }
+  if (algo == Algorithm::automatic)
+    algo = parse_algorithm(p.auto_algorithm(size_bytes, multi_node));
+  PlanRequest req{op, algo, int(world_ranks.size()), count, root, deterministic, {}};
+  req.nodes = std::move(nodes);
+  ModeledCollective m{build_plan(req), {}};
+  m.cost = price_plan(m.plan, p, dtype, world_ranks);
+  return m;
+}
+
 PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
                     const std::vector<int>& world_ranks) {
   const auto it = p.algorithms.find(to_string(plan.algorithm));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cocemu/bench/sensitivity.h"
 #include "cocemu/layers/linear.h"
 #include "cocemu/layers/model_config.h"
 #include "cocemu/layers/transformer.h"
@@ -109,7 +110,11 @@ BenchResult run_bench(const BenchConfig& config, const Progress& progress = {});
 
 /// strategies[] and segments[] as documented in the README.
 nlohmann::json to_json(const BenchResult& result);
-/// The human-readable tables.
-std::string format_report(const BenchResult& result);
+/// The human-readable tables; with a sensitivity analysis, fragile conclusions are marked.
+std::string format_report(const BenchResult& result, const Sensitivity* sensitivity = nullptr);
+/// The conclusions bench draws: per segment "<segment> best strategy" (serial included) and
+/// "<segment> <strategy> verdict" (the failed criterion, or "overlap succeeded"); and
+/// "fastest strategy" for the whole layer.
+Conclusions bench_conclusions(const BenchResult& result);
 
 }  // namespace cocemu::bench

@@ -96,6 +96,19 @@ struct PlanCost {
 PlanCost price_plan(const Plan& plan, const DeviceProfile& profile, DType dtype,
                     const std::vector<int>& world_ranks = {});
 
+/// What the emulator charges one collective call on a group placed at `world_ranks` (the
+/// algorithm `algo` — automatic: the profile's table for the size and whether the group spans
+/// nodes —, its plan and its price), without running it. `enqueue` prices every call this way,
+/// so a dry run can price a representative group of a large world without its threads.
+struct ModeledCollective {
+  Plan plan;
+  PlanCost cost;
+};
+ModeledCollective model_collective(const DeviceProfile& profile, CollOp op,
+                                   const std::vector<int>& world_ranks, std::int64_t count,
+                                   DType dtype, std::uint64_t size_bytes, Algorithm algo,
+                                   bool deterministic, int root = 0);
+
 /// Segment s of `count` elements split into n near-equal parts (the first count % n one longer).
 std::int64_t segment_offset(std::int64_t count, int n, int s);
 std::int64_t segment_length(std::int64_t count, int n, int s);

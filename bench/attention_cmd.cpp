@@ -15,6 +15,7 @@
 #include "cocemu/bench/sensitivity.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/runtime/blas.h"
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/npy.h"
 #include "cocemu/runtime/trace.h"
@@ -77,10 +78,16 @@ std::vector<int> valid_windows(CpConfig c, const AttentionProblem& p) {
 Tensor load_sbh(const std::string& path, std::int64_t S, std::int64_t B, std::int64_t H,
                 std::int64_t D, DType dtype, const char* what) {
   Tensor t = read_npy(path);
-  COCEMU_CHECK_ARG(t.numel() == S * B * H * D && (t.ndim() == 4 || t.ndim() == 3) &&
-                       t.size(0) == S && t.size(1) == B,
-                   "--{} {}: array {} must be [S={}, B={}, H={}, D={}] or [S, B, H·D]", what, path,
-                   t.describe(), S, B, H, D);
+  const bool four =
+      t.ndim() == 4 && t.size(0) == S && t.size(1) == B && t.size(2) == H && t.size(3) == D;
+  const bool three = t.ndim() == 3 && t.size(0) == S && t.size(1) == B && t.size(2) == H * D;
+  COCEMU_CHECK_ARG((four || three) && is_floating(t.dtype()),
+                   "--{} {}: array {} must be floating [S={}, B={}, H={}, D={}] or [S, B, H·D]",
+                   what, path, t.describe(), S, B, H, D);
+  // Non-finite inputs are reported, never passed on silently (a NaN score is not a mask).
+  if (const std::int64_t bad = count_non_finite(t); bad > 0)
+    std::fprintf(stderr, "cocemu: warning: --%s %s holds %lld NaN or Inf values of %lld\n", what,
+                 path.c_str(), (long long)bad, (long long)t.numel());
   return t.reshape({S, B, H * D}).to(dtype);
 }
 
@@ -108,6 +115,9 @@ void run_bench(const AttnOpts& o) {
   // Local f32 flash attention forward vs OpenBLAS sgemm, both single-threaded, in this process.
   blas::init_thread();
   const std::int64_t S = o.seq, D = o.head_dim, H = o.heads;
+  const std::string what =
+      fmt::format("attention --bench with --seq {} --heads {} --head-dim {}", S, H, D);
+  check_fits_in_memory(checked_mul(checked_mul(S, H * D, what), 6 * 4, what), what);
   std::vector<std::int64_t> pos(static_cast<std::size_t>(S));
   for (std::int64_t i = 0; i < S; ++i)
     pos[std::size_t(i)] = i;
@@ -168,14 +178,17 @@ void add_attention(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "attention",
       "run one context-parallel attention configuration (npy in/out, --dry-run, --bench)");
-  sub->add_option("--cp", o->cp, "context_parallel_size (= ranks)")->capture_default_str();
+  number(sub, "--cp", o->cp, "context_parallel_size (= ranks)", 1, 64);
   sub->add_option("--algo", o->algo, "ulysses_cp_algo | megatron_cp_algo | hybrid_cp_algo")
       ->capture_default_str();
   sub->add_option("--window", o->window, "cp_window_size (double ring when > 1)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub->add_option("--ulysses-degree", o->ulysses, "ulysses_degree_in_cp (hybrid)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   sub->add_option("--tp", o->tp, "tensor_model_parallel_size (validation only)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--mask", o->mask, "attention_mask_type: causal | general")
       ->capture_default_str();
@@ -184,11 +197,11 @@ void add_attention(CLI::App& app) {
   sub->add_flag("--overlap", o->overlap, "use_cp_send_recv_overlap");
   sub->add_option("--layout", o->layout, "kernel layout: bnsd (megatron_cp_in_bnsd) | sbh")
       ->capture_default_str();
-  sub->add_option("--batch", o->batch)->capture_default_str();
-  sub->add_option("--heads", o->heads)->capture_default_str();
-  sub->add_option("--kv-heads", o->kv_heads, "0 = heads")->capture_default_str();
-  sub->add_option("--seq", o->seq)->capture_default_str();
-  sub->add_option("--head-dim", o->head_dim)->capture_default_str();
+  number(sub, "--batch", o->batch, "", std::int64_t(1), std::int64_t(1) << 20);
+  number(sub, "--heads", o->heads, "", std::int64_t(1), std::int64_t(1) << 16);
+  number(sub, "--kv-heads", o->kv_heads, "0 = heads", std::int64_t(0), std::int64_t(1) << 16);
+  number(sub, "--seq", o->seq, "", std::int64_t(1), std::int64_t(1) << 24);
+  number(sub, "--head-dim", o->head_dim, "", std::int64_t(1), std::int64_t(1) << 12);
   sub->add_option("--dtype", o->dtype, "f64 | f32 (bf16 with --dry-run)")->capture_default_str();
   sub->add_option("--q", o->q, ".npy [S, B, H, D]");
   sub->add_option("--k", o->k, ".npy [S, B, Hkv, D]");
@@ -229,14 +242,19 @@ void add_attention(CLI::App& app) {
     if (o->mask == "general") {
       COCEMU_CHECK_ARG(!o->mask_file.empty(), "--mask general needs --mask-file");
       Tensor m = read_npy(o->mask_file);
-      COCEMU_CHECK_ARG(m.ndim() == 2 && m.size(0) == p.seq && m.size(1) == p.seq,
-                       "--mask-file {}: mask {} must be [{}, {}]", o->mask_file, m.describe(),
-                       p.seq, p.seq);
+      COCEMU_CHECK_ARG(
+          m.ndim() == 2 && m.size(0) == p.seq && m.size(1) == p.seq && m.dtype() == DType::i8,
+          "--mask-file {}: mask {} must be bool or uint8 [{}, {}] (true = visible)", o->mask_file,
+          m.describe(), p.seq, p.seq);
       auto g = std::make_shared<GeneralMask>();
       g->seq = p.seq;
-      const Tensor mi = m.to(DType::i32);
-      for (std::int64_t i = 0; i < mi.numel(); ++i)
-        g->visible.push_back(mi.data<std::int32_t>()[i] != 0);
+      const std::int8_t* mv = m.data<std::int8_t>();
+      for (std::int64_t i = 0; i < m.numel(); ++i) {
+        COCEMU_CHECK_ARG(mv[i] == 0 || mv[i] == 1,
+                         "--mask-file {}: element {} is {}; allowed 0 (hidden) or 1 (visible)",
+                         o->mask_file, i, int(mv[i]));
+        g->visible.push_back(mv[i] != 0);
+      }
       p.general_mask = g;
     }
     validate(c, p);
@@ -267,15 +285,35 @@ void add_attention(CLI::App& app) {
                       ? " (robust)"
                       : ("  [fragile: " + sens.fragile("best cp_window_size") + "]").c_str());
       std::fputs(bench::format_sensitivity(sens).c_str(), stdout);
-      if (!o->json.empty()) {
-        std::ofstream f(o->json);
-        f << nlohmann::json{{"dry_run", true}, {"sensitivity", bench::to_json(sens)}}.dump(2)
-          << "\n";
-        COCEMU_CHECK_ARG(f.good(), "attention: cannot write --json '{}'", o->json);
-      }
+      if (!o->json.empty())
+        write_file(
+            "--json", o->json,
+            nlohmann::json{{"dry_run", true}, {"sensitivity", bench::to_json(sens)}}.dump(2) +
+                "\n");
       return;
     }
     const bool numerics = !o->dry_run;
+    // Outputs are checked before the run, not after it.
+    if (!o->out_dir.empty()) {
+      COCEMU_CHECK_ARG(numerics, "--out-dir needs real numerics (not --dry-run)");
+      check_output_dir("--out-dir", o->out_dir);
+    }
+    for (auto [option, path] : {std::pair{"--json", &o->json}, std::pair{"--trace", &o->trace},
+                                std::pair{"--svg", &o->svg}})
+      if (!path->empty()) check_output_file(option, *path);
+    if (numerics) {
+      COCEMU_CHECK_ARG(dtype == DType::f32 || dtype == DType::f64,
+                       "--dtype {}: real numerics run in f32 or f64 (bf16 and f16 with --dry-run)",
+                       o->dtype);
+      // q, k, v, dout, out, dq, dk, dv, plus each rank's shards, kernel layouts and blocks.
+      const std::string what = fmt::format(
+          "attention with --batch {} --seq {} --heads {} "
+          "--head-dim {}",
+          p.batch, p.seq, p.heads, p.head_dim);
+      const std::int64_t elems =
+          checked_mul(checked_mul(p.batch, p.seq, what), p.heads * p.head_dim, what);
+      check_fits_in_memory(checked_mul(elems, 16 * std::int64_t(size_of(dtype)), what), what);
+    }
     Tensor q, k, v, dout;
     if (numerics) {
       q = o->q.empty() ? random_sbh(p.seq, p.batch, p.heads, p.head_dim, dtype, o->seed)
@@ -380,8 +418,6 @@ void add_attention(CLI::App& app) {
     if (!o->svg.empty())
       write_svg_timeline(r, o->svg, "cocemu attention " + c.context_parallel_algo);
     if (!o->out_dir.empty()) {
-      COCEMU_CHECK_ARG(numerics, "--out-dir needs real numerics (not --dry-run)");
-      std::filesystem::create_directories(o->out_dir);
       auto four_d = [&](const Tensor& t, std::int64_t H) {
         return t.reshape({p.seq, p.batch, H, p.head_dim});
       };
@@ -392,17 +428,16 @@ void add_attention(CLI::App& app) {
       write_npy(o->out_dir + "/dv.npy", four_d(dv, p.kv_heads));
       std::printf("wrote %s/{out,lse,dq,dk,dv}.npy\n", o->out_dir.c_str());
     }
-    if (!o->json.empty()) {
-      std::ofstream f(o->json);
-      f << nlohmann::json{{"dry_run", !numerics},
-                          {"forward_ns", fwd_end},
-                          {"backward_ns", bwd_time},
-                          {"forward_exposed_comm_ns", fwd_end - fwd_busy},
-                          {"backward_exposed_comm_ns", bwd_time - bwd_busy},
-                          {"wall_ns", r.wall_ns}}
-               .dump(2)
-        << "\n";
-    }
+    if (!o->json.empty())
+      write_file("--json", o->json,
+                 nlohmann::json{{"dry_run", !numerics},
+                                {"forward_ns", fwd_end},
+                                {"backward_ns", bwd_time},
+                                {"forward_exposed_comm_ns", fwd_end - fwd_busy},
+                                {"backward_exposed_comm_ns", bwd_time - bwd_busy},
+                                {"wall_ns", r.wall_ns}}
+                         .dump(2) +
+                     "\n");
   });
 }
 

@@ -68,8 +68,7 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--dry-run", o->dry_run,
                 "shapes only: model full-size layers in seconds, numerics skipped");
-  sub->add_option("--repeats", o->repeats, "real runs per strategy (wall time = median)")
-      ->capture_default_str();
+  number(sub, "--repeats", o->repeats, "real runs per strategy (wall time = median)", 1, 1000);
   sub->add_option("--coc-config", o->coc_config,
                   "a CoC config (e.g. from `cocemu tune`): its customized_coc adds the 'tuned' "
                   "strategy, its tiling sets the fused kernels'");
@@ -90,6 +89,9 @@ void add_bench(CLI::App& app) {
     c.deterministic = !o->nondeterministic;
     if (!o->coc_config.empty())
       c.strategies = bench::default_strategies(layers::load_coc_config(o->coc_config));
+    // Outputs are checked before the run, not after it.
+    check_output_dir("--out-dir", o->out_dir);
+    if (!o->json.empty()) check_output_file("--json", o->json);
     const bench::BenchResult r = bench::run_bench(c, ProgressBar(!o->no_progress));
     std::optional<bench::Sensitivity> sens;
     if (o->sensitivity) {
@@ -103,7 +105,6 @@ void add_bench(CLI::App& app) {
     std::fputs(bench::format_report(r, sens ? &*sens : nullptr).c_str(), stdout);
     if (sens) std::fputs(bench::format_sensitivity(*sens).c_str(), stdout);
 
-    std::filesystem::create_directories(o->out_dir);
     const std::string json_path = o->json.empty() ? o->out_dir + "/bench.json" : o->json;
     std::printf("\n# outputs%s\n", c.dry_run ? " (dry run: modeled only)" : "");
     for (const bench::StrategyResult& s : r.strategies) {
@@ -114,11 +115,9 @@ void add_bench(CLI::App& app) {
       std::printf("%-12s trace %s.trace.json  timeline %s.svg\n", s.name.c_str(), base.c_str(),
                   base.c_str());
     }
-    std::ofstream f(json_path);
-    COCEMU_CHECK_ARG(f.good(), "bench: cannot write '{}'", json_path);
     nlohmann::json j = bench::to_json(r);
     if (sens) j["sensitivity"] = bench::to_json(*sens);
-    f << j.dump(2) << "\n";
+    write_file(o->json.empty() ? "--out-dir" : "--json", json_path, j.dump(2) + "\n");
     std::printf("results      %s\n", json_path.c_str());
   });
 }

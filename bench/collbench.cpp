@@ -17,6 +17,7 @@
 
 #include "cocemu/collectives/ops.h"
 #include "cocemu/collectives/plan.h"
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "commands.h"
 
@@ -219,9 +220,9 @@ void dry_run_rows(const DeviceProfile& profile, const std::vector<Case>& cases, 
                     {"modeled_busbw_gbps", busbw}});
   }
   if (json.empty()) return;
-  std::ofstream f(json);
-  f << nlohmann::json{{"profile", profile.name}, {"dry_run", true}, {"rows", rows}}.dump(2) << "\n";
-  COCEMU_CHECK_ARG(f.good(), "collbench: cannot write --json file '{}'", json);
+  write_file(
+      "--json", json,
+      nlohmann::json{{"profile", profile.name}, {"dry_run", true}, {"rows", rows}}.dump(2) + "\n");
 }
 
 }  // namespace
@@ -240,21 +241,24 @@ void add_collbench(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   CLI::App* sub = app.add_subcommand(
       "collbench", "nccl-tests-style table per collective: host wall time and modeled time");
-  sub->add_option("-n,--ranks", o->ranks, "number of ranks (1..64; 1..1024 with --dry-run)")
-      ->capture_default_str();
+  number(sub, "-n,--ranks", o->ranks, "number of ranks (1..64; 1..1024 with --dry-run)", 1, 1024);
   sub->add_option("--ops", o->ops, "collectives to run")->delimiter(',')->capture_default_str();
-  sub->add_option("-b,--min-bytes", o->min_bytes, "smallest size S in bytes")
-      ->capture_default_str();
-  sub->add_option("-e,--max-bytes", o->max_bytes, "largest size S in bytes")->capture_default_str();
-  sub->add_option("-f,--factor", o->factor, "size multiplier between rows")->capture_default_str();
+  number(sub, "-b,--min-bytes", o->min_bytes, "smallest size S in bytes", std::uint64_t(1),
+         std::uint64_t(1) << 40);
+  number(sub, "-e,--max-bytes", o->max_bytes, "largest size S in bytes", std::uint64_t(1),
+         std::uint64_t(1) << 40);
+  number(sub, "-f,--factor", o->factor, "size multiplier between rows", 2, 1024);
   sub->add_option("-d,--dtype", o->dtype, "f32, f64, f16, bf16, i32")->capture_default_str();
   sub->add_option("-a,--algo", o->algo, "auto, ring or direct")->capture_default_str();
   sub->add_option("-p,--profile", o->profile, "device profile name or YAML path")
       ->capture_default_str();
-  sub->add_option("--samples", o->samples, "timed samples per row (0 = by size)");
+  number(sub, "--samples", o->samples, "timed samples per row (0 = by size)", 0, 1000);
   sub->add_flag("--nondeterministic", o->nondeterministic,
                 "reduce in arrival-like order instead of rank order");
-  sub->add_option("--check", o->check, "verify results (#wrong)")->capture_default_str();
+  sub->add_option("--check", o->check, "verify results (#wrong): true/false, 1/0")
+      ->check(
+          CLI::IsMember({"0", "1", "true", "false", "on", "off", "yes", "no"}, CLI::ignore_case))
+      ->capture_default_str();
   sub->add_option("--json", o->json, "write rows as JSON to this file");
   sub->add_flag("--dry-run", o->dry_run,
                 "modeled only: each call priced as the emulator prices it (model_collective) on "
@@ -279,12 +283,18 @@ void add_collbench(CLI::App& app) {
     COCEMU_CHECK_ARG(n >= 1 && n <= (o->dry_run ? 1024 : 64),
                      "collbench: -n {} is out of range; allowed 1..64 (1..1024 with --dry-run)", n);
     const std::uint64_t align = std::uint64_t(n) * size_of(dtype);
+    if (!o->json.empty()) check_output_file("--json", o->json);
+    if (!o->dry_run)  // in and out buffers of every rank, plus the check's reference
+      check_fits_in_memory(checked_mul(std::int64_t(o->max_bytes), 4 * std::int64_t(n),
+                                       fmt::format("collbench -n {} -e {}", n, o->max_bytes)),
+                           fmt::format("collbench -n {} -e {}", n, o->max_bytes));
     std::vector<Case> cases;
     for (CollOp op : ops)
       for (std::uint64_t s = o->min_bytes; s <= o->max_bytes; s *= std::uint64_t(o->factor)) {
         const std::uint64_t size = std::max(align, s / align * align);
         for (bool in_place : {false, true})
           cases.push_back({op, size, in_place});
+        if (s > o->max_bytes / std::uint64_t(o->factor)) break;  // the next row would overflow
       }
     std::vector<Row> rows(cases.size());
     if (o->dry_run)
@@ -413,9 +423,8 @@ void add_collbench(CLI::App& app) {
                      {"modeled_us", r.modeled_us},
                      {"modeled_busbw_gbps", r.modeled_busbw},
                      {"wrong", r.wrong}});
-      std::ofstream f(o->json);
-      COCEMU_CHECK_ARG(f.good(), "collbench: cannot write --json file '{}'", o->json);
-      f << nlohmann::json{{"profile", wo.profile->name}, {"rows", j}}.dump(2) << "\n";
+      write_file("--json", o->json,
+                 nlohmann::json{{"profile", wo.profile->name}, {"rows", j}}.dump(2) + "\n");
       std::printf("# wrote %s\n", o->json.c_str());
     }
     if (total_wrong)

@@ -18,3 +18,22 @@ void add_tune(CLI::App& app);
 void add_validate(CLI::App& app);
 
 }  // namespace cocemu::cli
+
+namespace cocemu::cli {
+
+/// A numeric option limited to [lo, hi]: anything else (0, negatives, 2^64, text, nan, inf) is
+/// a usage error naming the option and the range.
+template <class T>
+CLI::Option* number(CLI::App* app, const std::string& name, T& value, const std::string& help, T lo,
+                    T hi) {
+  return app->add_option(name, value, help)->check(CLI::Range(lo, hi))->capture_default_str();
+}
+
+/// Fails up front (before any work) if `dir` cannot be created or written.
+void check_output_dir(const std::string& option, const std::string& dir);
+/// Fails up front if `path` cannot be written (its folder missing, a directory, read-only).
+void check_output_file(const std::string& option, const std::string& path);
+/// Writes `text` to `path`; a failed open or write (disk full) is an error naming the option.
+void write_file(const std::string& option, const std::string& path, const std::string& text);
+
+}  // namespace cocemu::cli

@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <new>
 
 #include "cocemu/runtime/error.h"
 #include "commands.h"
@@ -18,11 +21,32 @@ int main(int argc, char** argv) {
   cocemu::cli::add_collbench(app);
   cocemu::cli::add_attention(app);
   cocemu::cli::add_mlpbench(app);
+  // Every failure is one line on stderr and exit status 2 (help: 0).
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    if (argc > 1 && what.find("A subcommand is required") != std::string::npos)
+      what = fmt::format(
+          "unknown subcommand '{}'; allowed: bench, tune, validate, collbench, "
+          "attention, mlpbench",
+          argv[1]);
+    std::fprintf(stderr, "cocemu: error: %s (see --help)\n", what.c_str());
+    return 2;
   } catch (const cocemu::Error& e) {
+    std::fprintf(stderr, "cocemu: error: %s\n", e.what());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "cocemu: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "cocemu: error: out of memory; use --dry-run or smaller sizes\n");
+    return 2;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "cocemu: error: %s\n", e.what());
     return 2;
   }

@@ -12,6 +12,7 @@
 
 #include "cocemu/collectives/ops.h"
 #include "cocemu/layers/linear.h"
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "commands.h"
 
@@ -96,14 +97,16 @@ void add_mlpbench(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "mlpbench",
       "real-numerics TP MLP block fwd+bwd per CoC strategy vs the OpenBLAS compute floor");
-  sub->add_option("-n,--ranks", o->ranks, "TP size")->capture_default_str();
-  sub->add_option("--m", o->m, "tokens (sequence × micro batch)")->capture_default_str();
-  sub->add_option("--hidden", o->hidden)->capture_default_str();
-  sub->add_option("--ffn", o->ffn)->capture_default_str();
-  sub->add_option("--repeats", o->repeats)->capture_default_str();
-  sub->add_option("--tile-rows", o->tile_rows, "fused kernels' tile rows")->capture_default_str();
-  sub->add_option("--tiles-per-step", o->tiles_per_step, "fused kernels' tiles per step")
-      ->capture_default_str();
+  number(sub, "-n,--ranks", o->ranks, "TP size", 1, 64);
+  number(sub, "--m", o->m, "tokens (sequence × micro batch)", std::int64_t(1),
+         std::int64_t(1) << 24);
+  number(sub, "--hidden", o->hidden, "", std::int64_t(1), std::int64_t(1) << 20);
+  number(sub, "--ffn", o->ffn, "", std::int64_t(1), std::int64_t(1) << 20);
+  number(sub, "--repeats", o->repeats, "", 1, 1000);
+  number(sub, "--tile-rows", o->tile_rows, "fused kernels' tile rows", std::int64_t(1),
+         std::int64_t(1) << 20);
+  number(sub, "--tiles-per-step", o->tiles_per_step, "fused kernels' tiles per step",
+         std::int64_t(1), std::int64_t(15));
   sub->add_flag("--nondeterministic", o->nondeterministic,
                 "OpenBLAS GEMMs and owner-first reductions (bits may differ between strategies)");
   sub->add_option("--json", o->json, "write floor_ns and strategies[] here");
@@ -113,6 +116,14 @@ void add_mlpbench(CLI::App& app) {
         "mlpbench: m ({}) and ffn ({}) must be divisible by the ranks ({}); repeats >= 1", o->m,
         o->ffn, o->ranks);
     const std::int64_t m = o->m, h = o->hidden, f = o->ffn / o->ranks, ml = m / o->ranks;
+    {  // x, the weights, activations and gradients of every rank, and the floor's operands
+      const std::string what =
+          fmt::format("mlpbench with --m {} --hidden {} --ffn {}", m, h, o->ffn);
+      const std::int64_t per_rank = checked_mul(checked_mul(m, h + 2 * f, what), 4, what) +
+                                    checked_mul(checked_mul(h, 2 * f, what), 8, what);
+      check_fits_in_memory(checked_mul(per_rank, 3 * o->ranks, what), what);
+    }
+    if (!o->json.empty()) check_output_file("--json", o->json);
     std::vector<std::pair<std::string, LinearOptions>> strategies{
         {"serial", {.strategy = Strategy::serial}},
         {"script P=2", {.strategy = Strategy::script, .parallel_num = 2}},
@@ -199,17 +210,16 @@ void add_mlpbench(CLI::App& app) {
                      {"ratio_to_floor", r.wall_ns / floor},
                      {"modeled_ns", r.modeled_ns},
                      {"bitwise_equal_serial", r.bitwise_equal_serial}});
-      std::ofstream fjson(o->json);
-      COCEMU_CHECK_ARG(fjson.good(), "mlpbench: cannot write '{}'", o->json);
-      fjson << nlohmann::json{{"floor_ns", floor},
-                              {"strategies", s},
-                              {"ranks", o->ranks},
-                              {"m", m},
-                              {"hidden", h},
-                              {"ffn", o->ffn},
-                              {"deterministic", !o->nondeterministic}}
-                   .dump(2)
-            << "\n";
+      write_file("--json", o->json,
+                 nlohmann::json{{"floor_ns", floor},
+                                {"strategies", s},
+                                {"ranks", o->ranks},
+                                {"m", m},
+                                {"hidden", h},
+                                {"ffn", o->ffn},
+                                {"deterministic", !o->nondeterministic}}
+                         .dump(2) +
+                     "\n");
     }
   });
 }

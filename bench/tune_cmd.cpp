@@ -31,6 +31,7 @@ void add_tune(CLI::App& app) {
                 "scale each assumption of the profile x0.5 and x2 and report which shapes' "
                 "choices flip (fragile ones are marked in the YAML's comments)");
   sub->callback([o] {
+    check_output_file("-o", o->out);
     bench::BenchConfig c = bench::bench_config(o->model, o->profile);
     const layers::CocConfig base =
         o->base.empty() ? bench::default_bench_coc() : layers::load_coc_config(o->base);
@@ -51,9 +52,7 @@ void add_tune(CLI::App& app) {
     }
     const std::string yaml = bench::to_yaml(t);
     std::fputs(yaml.c_str(), stdout);
-    std::ofstream f(o->out);
-    COCEMU_CHECK_ARG(f.good(), "tune: cannot write '{}'", o->out);
-    f << yaml;
+    write_file("-o", o->out, yaml);
     std::printf("\n# written to %s — apply with: cocemu bench%s --coc-config %s\n", o->out.c_str(),
                 o->model.empty() ? "" : (" --model " + o->model).c_str(), o->out.c_str());
     if (sens) std::fputs(bench::format_sensitivity(*sens).c_str(), stdout);

@@ -18,6 +18,7 @@ void add_validate(CLI::App& app) {
   auto json = std::make_shared<std::string>();
   sub->add_option("--json", *json, "also write references[], mean_abs_delta, max_abs_delta here");
   sub->callback([file, json] {
+    if (!json->empty()) check_output_file("--json", *json);
     bench::Validation v;
     if (file->empty()) {
       v = bench::validate_shipped();
@@ -29,11 +30,7 @@ void add_validate(CLI::App& app) {
       v = bench::validate(ss.str(), *file);
     }
     std::fputs(bench::format_validation(v).c_str(), stdout);
-    if (!json->empty()) {
-      std::ofstream out(*json);
-      out << bench::validation_json(v);
-      COCEMU_CHECK_ARG(out.good(), "validate: cannot write --json '{}'", *json);
-    }
+    if (!json->empty()) write_file("--json", *json, bench::validation_json(v));
   });
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/error.h"
 
@@ -109,6 +110,16 @@ void validate(const CpConfig& c, const AttentionProblem& p) {
                    "attention shape batch {} heads {} kv_heads {} seq {} head_dim {}: all must be "
                    ">= 1",
                    p.batch, p.heads, p.kv_heads, p.seq, p.head_dim);
+  {  // sizes are multiplied later: refuse products that would not fit
+    const std::string what =
+        fmt::format("attention shape batch {} x seq {} x heads {} x head_dim {}", p.batch, p.seq,
+                    std::max(p.heads, p.kv_heads), p.head_dim);
+    const std::int64_t limit = std::int64_t(1) << 48;
+    checked_mul(checked_mul(checked_mul(p.batch, p.seq, what, limit), std::max(p.heads, p.kv_heads),
+                            what, limit),
+                p.head_dim, what, limit);
+    checked_mul(p.seq, p.seq, "attention seq x seq (visible pairs)", limit);
+  }
   COCEMU_CHECK_ARG(p.heads % p.kv_heads == 0,
                    "num_attention_heads = {} must be divisible by num_query_groups (kv heads) = {}",
                    p.heads, p.kv_heads);

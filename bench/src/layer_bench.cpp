@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
 
@@ -65,6 +66,12 @@ BenchConfig default_bench_config() {
 }
 
 BenchConfig bench_config_for(const layers::ModelConfig& m) {
+  // Every modeled size derives from the tokens of a micro-batch: refuse what would not fit
+  // (2^32 tokens is far beyond any training run, and keeps every product in range).
+  checked_mul(
+      m.seq_length, m.micro_batch_size,
+      fmt::format("model '{}': seq_length x micro_batch_size (tokens per micro-batch)", m.name),
+      std::int64_t(1) << 32);
   BenchConfig c;
   c.model = m.name;
   c.tp = m.tensor_model_parallel_size;

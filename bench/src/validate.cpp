@@ -74,7 +74,18 @@ Validation validate(const std::string& text, const std::string& origin) {
                      r.device);
         r.fitted.push_back(key);
       }
-    const DType t = e.has("dtype") ? parse_dtype(e.string("dtype")) : DType::f32;
+    DType t = DType::f32;
+    if (e.has("dtype")) {
+      const std::string name = e.string("dtype");
+      try {
+        t = parse_dtype(name);
+      } catch (const Error&) {
+        COCEMU_FAIL(Errc::parse_error,
+                    "{}: dtype '{}' is unknown; allowed f32, f64, f16, bf16, "
+                    "i8, i32",
+                    e.where(), name);
+      }
+    }
     if (r.kind == "collective") {
       const std::string op = e.string("op");
       const int n = int(e.integer("ranks", 2, 1 << 16));
@@ -108,8 +119,8 @@ Validation validate(const std::string& text, const std::string& origin) {
                    e.where(), counted);
       // An elementwise kernel reads its input and writes as much.
       r.unit = "GB/s";
-      r.modeled = double(bytes) / memory_ns(p, std::uint64_t(2 * bytes)) *
-                  (counted == "moved" ? 2.0 : 1.0);
+      r.modeled =
+          double(bytes) / memory_ns(p, std::uint64_t(2 * bytes)) * (counted == "moved" ? 2.0 : 1.0);
     } else {
       COCEMU_FAIL(Errc::parse_error,
                   "{}: kind '{}' unknown; allowed collective, gemm, attention, memory", e.where(),
@@ -144,14 +155,15 @@ Validation validate_shipped() {
 }
 
 std::string format_validation(const Validation& v) {
-  std::string out = fmt::format("{:<3} {:<72} {:>10} {:>10} {:>8}\n", "#", "reference",
-                                "published", "modeled", "delta %");
+  std::string out = fmt::format("{:<3} {:<72} {:>10} {:>10} {:>8}\n", "#", "reference", "published",
+                                "modeled", "delta %");
   for (std::size_t i = 0; i < v.rows.size(); ++i) {
     const Reference& r = v.rows[i];
-    out += fmt::format("{:<3} {:<72} {:>10.1f} {:>10.1f} {:>+8.1f}   {} on {}{}{}\n", i + 1,
-                       r.name, r.published, r.modeled, r.delta_pct, r.unit, r.device,
-                       r.nodes > 1 ? fmt::format(", {} nodes", r.nodes) : "",
-                       r.fitted.empty() ? "" : "  [fitted: " + fmt::format("{}", fmt::join(r.fitted, ", ")) + "]");
+    out += fmt::format(
+        "{:<3} {:<72} {:>10.1f} {:>10.1f} {:>+8.1f}   {} on {}{}{}\n", i + 1, r.name, r.published,
+        r.modeled, r.delta_pct, r.unit, r.device,
+        r.nodes > 1 ? fmt::format(", {} nodes", r.nodes) : "",
+        r.fitted.empty() ? "" : "  [fitted: " + fmt::format("{}", fmt::join(r.fitted, ", ")) + "]");
   }
   out += fmt::format(
       "\nmean |delta| {:.1f}%   max |delta| {:.1f}%   ({} references; [fitted] rows set the "

@@ -1,10 +1,12 @@
 #include "cocemu/layers/coc_config.h"
 
+#include <array>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/error.h"
 
@@ -28,6 +30,34 @@ std::optional<std::string> process_env(const std::string& name) {
 }
 
 namespace {
+/// "[m, k, n]" with any spacing: three positive integers below 2^40 (no regular expressions,
+/// so a key of any length is read in one pass).
+std::optional<std::array<std::int64_t, 3>> parse_shape_key(const std::string& key) {
+  std::array<std::int64_t, 3> dims{};
+  std::size_t i = 0;
+  auto skip = [&] {
+    while (i < key.size() && (key[i] == ' ' || key[i] == '\t'))
+      ++i;
+  };
+  skip();
+  if (i >= key.size() || key[i++] != '[') return std::nullopt;
+  for (int d = 0; d < 3; ++d) {
+    skip();
+    std::int64_t v = 0;
+    const std::size_t start = i;
+    while (i < key.size() && key[i] >= '0' && key[i] <= '9' && i - start < 13)
+      v = v * 10 + (key[i++] - '0');
+    if (i == start || v <= 0 || v >= (std::int64_t(1) << 40)) return std::nullopt;
+    if (i < key.size() && key[i] >= '0' && key[i] <= '9') return std::nullopt;
+    dims[std::size_t(d)] = v;
+    skip();
+    if (i >= key.size() || key[i++] != (d < 2 ? ',' : ']')) return std::nullopt;
+  }
+  skip();
+  if (i != key.size()) return std::nullopt;
+  return dims;
+}
+
 int env_int(const EnvLookup& env, const std::string& name, std::initializer_list<int> allowed,
             int fallback) {
   const auto v = env(name);
@@ -35,11 +65,16 @@ int env_int(const EnvLookup& env, const std::string& name, std::initializer_list
   std::string list;
   for (int a : allowed)
     list += fmt::format("{}{}", list.empty() ? "" : ", ", a);
-  char* end = nullptr;
-  const long x = std::strtol(v->c_str(), &end, 10);
-  bool ok = !v->empty() && end && *end == '\0';
+  bool ok = !v->empty() && v->size() <= 20;
+  std::int64_t x = 0;
+  try {
+    x = parse_integer(name, *v, -1000, 1000);
+  } catch (const Error&) {
+    ok = false;
+  }
   if (ok) ok = std::find(allowed.begin(), allowed.end(), int(x)) != allowed.end();
-  COCEMU_CHECK_ARG(ok, "environment variable {}='{}' is invalid; allowed: {}", name, *v, list);
+  COCEMU_CHECK_ARG(ok, "environment variable {}='{}' is invalid; allowed: {}", name,
+                   v->size() > 40 ? v->substr(0, 40) + "..." : *v, list);
   return int(x);
 }
 }  // namespace
@@ -64,21 +99,24 @@ CocConfig parse_coc_config(const std::string& text, const std::string& origin,
           : 0;
   if (top.has("customized_coc") && !top.node()["customized_coc"].IsNull()) {
     YamlReader cc = top.map("customized_coc");
-    const std::regex shape(R"(\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\])");
     for (const std::string& key : cc.keys()) {
-      COCEMU_CHECK(std::regex_match(key, shape), Errc::parse_error,
-                   "{}: customized_coc key '{}' must be a shape \"[m, k, n]\"",
-                   cc.where(cc.node()[key]), key);
+      const std::string where = cc.where(cc.node()[key]);
+      const std::string shown = key.size() > 60 ? key.substr(0, 60) + "..." : key;
+      const auto dims = parse_shape_key(key);
+      COCEMU_CHECK(dims.has_value(), Errc::parse_error,
+                   "{}: customized_coc key '{}' must be a shape \"[m, k, n]\" of positive "
+                   "integers below 2^40",
+                   where, shown);
       const int v = int(cc.integer(key, -1, 8));
       COCEMU_CHECK(v == -1 || v == 1 || v == 2 || v == 4 || v == 8, Errc::parse_error,
-                   "{}: customized_coc['{}'] = {}; allowed: -1 (fused), 1 (off), 2, 4, 8",
-                   cc.where(cc.node()[key]), key, v);
-      // Normalise "[m,k,n]" spacing to MindSpeed's "[m, k, n]".
-      const std::regex number(R"(\d+)");
-      std::vector<std::string> parts;
-      for (std::sregex_iterator it(key.begin(), key.end(), number), end; it != end; ++it)
-        parts.push_back(it->str());
-      c.customized_coc[fmt::format("[{}, {}, {}]", parts[0], parts[1], parts[2])] = v;
+                   "{}: customized_coc['{}'] = {}; allowed: -1 (fused), 1 (off), 2, 4, 8", where,
+                   shown, v);
+      // Normalise "[m,k,n]" spacing to MindSpeed's "[m, k, n]"; two spellings of one shape are
+      // an error, not a silent choice.
+      const std::string norm = fmt::format("[{}, {}, {}]", (*dims)[0], (*dims)[1], (*dims)[2]);
+      COCEMU_CHECK(!c.customized_coc.count(norm), Errc::parse_error,
+                   "{}: customized_coc has two entries for the shape {}", where, norm);
+      c.customized_coc[norm] = v;
     }
   } else if (top.has("customized_coc")) {
     top.map("customized_coc");  // mark used (null map)
@@ -99,6 +137,11 @@ CocConfig parse_coc_config(const std::string& text, const std::string& origin,
 }
 
 CocConfig load_coc_config(const std::string& path, const EnvLookup& env) {
+  {
+    std::error_code ec;
+    COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
+                     "CoC config", path);
+  }
   std::ifstream in(path);
   COCEMU_CHECK_ARG(in.good(), "cannot open CoC config '{}'", path);
   std::stringstream ss;

@@ -109,31 +109,47 @@ struct PipelineCost {
   std::vector<std::pair<std::string, double>> phases;
 };
 
+/// One pipeline step's work at full speed.
+struct StepCost {
+  double compute = 0, comm = 0;
+};
+
 /// Steps overlap as LCOC runs them: the producer of step i beside the consumer of step i − 1.
 /// Overlapped compute and comm slow each other by the profile's contention factors, as they do
-/// between script-side ops (`overlapped_ns`, the schedule's own rule).
-PipelineCost price_pipeline(const std::vector<double>& compute, const std::vector<double>& comm,
-                            bool comm_first, const ContentionModel& contention) {
+/// between script-side ops (`overlapped_ns`, the schedule's own rule). `steps` steps: all `full`
+/// but the last, `last` (so a kernel of any size is priced in constant time).
+PipelineCost price_pipeline(std::int64_t steps, StepCost full, StepCost last, bool comm_first,
+                            const ContentionModel& contention) {
   PipelineCost p;
-  const std::size_t s = compute.size();
-  if (s == 0) return p;
-  for (std::size_t i = 0; i < s; ++i) {
-    p.compute += compute[i];
-    p.comm += comm[i];
+  if (steps == 0) return p;
+  const auto first = [&](const StepCost& c) { return comm_first ? c.comm : c.compute; };
+  const auto second = [&](const StepCost& c) { return comm_first ? c.compute : c.comm; };
+  const auto overlap = [&](const StepCost& producer, const StepCost& consumer) {
+    // The producer's first half (compute, or comm when comm-first) beside the previous step's
+    // second half.
+    return comm_first ? overlapped_ns(second(consumer), first(producer), contention)
+                      : overlapped_ns(first(producer), second(consumer), contention);
+  };
+  const double n = double(steps);
+  p.compute = (n - 1) * full.compute + last.compute;
+  p.comm = (n - 1) * full.comm + last.comm;
+  const char* head = comm_first ? "comm" : "compute";
+  const char* tail = comm_first ? "compute" : "comm";
+  if (steps == 1) {
+    p.total = first(last) + second(last);
+    p.phases = {{fmt::format("step 1/1 {}", head), first(last)},
+                {fmt::format("step 1/1 {}", tail), second(last)}};
+    return p;
   }
-  const auto& first = comm_first ? comm : compute;
-  const auto& second = comm_first ? compute : comm;
-  p.total = first[0];
-  p.phases.push_back({fmt::format("step 1/{} {}", s, comm_first ? "comm" : "compute"), first[0]});
-  for (std::size_t i = 1; i < s; ++i) {
-    const double t = comm_first ? overlapped_ns(second[i - 1], first[i], contention)
-                                : overlapped_ns(first[i], second[i - 1], contention);
-    p.total += t;
-    p.phases.push_back({fmt::format("step {}/{} overlapped", i + 1, s), t});
-  }
-  p.total += second[s - 1];
-  p.phases.push_back(
-      {fmt::format("step {}/{} {}", s, s, comm_first ? "compute" : "comm"), second[s - 1]});
+  const double middle = overlap(full, full), end = overlap(last, full);
+  p.total = first(full) + (n - 2) * middle + end + second(last);
+  p.phases.push_back({fmt::format("step 1/{} {}", steps, head), first(full)});
+  if (steps > 2)
+    p.phases.push_back({fmt::format("steps 2-{}/{} overlapped ({} x {:.0f} ns)", steps - 1, steps,
+                                    steps - 2, middle),
+                        (n - 2) * middle});
+  p.phases.push_back({fmt::format("step {}/{} overlapped", steps, steps), end});
+  p.phases.push_back({fmt::format("step {}/{} {}", steps, steps, tail), second(last)});
   return p;
 }
 
@@ -155,13 +171,13 @@ double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t
 template <class PerStep>
 PipelineCost price_steps(const Rank& rank, const Pipeline& pl, std::int64_t rows, CollOp op,
                          bool comm_first, DType t, int n_ranks, PerStep per_step) {
-  std::vector<double> compute, comm;
-  for (std::int64_t s = 0; s < pl.steps; ++s) {
-    const auto [gemm_ns, count] = per_step(std::min(pl.step_rows, rows - s * pl.step_rows));
-    compute.push_back(gemm_ns);
-    comm.push_back(comm_cost(rank, op, n_ranks, count, t));
-  }
-  return price_pipeline(compute, comm, comm_first, rank.profile().contention);
+  if (pl.steps == 0) return {};
+  const auto cost = [&](std::int64_t h) {
+    const auto [gemm_ns, count] = per_step(h);
+    return StepCost{gemm_ns, comm_cost(rank, op, n_ranks, count, t)};
+  };
+  const StepCost full = cost(pl.step_rows), last = cost(rows - (pl.steps - 1) * pl.step_rows);
+  return price_pipeline(pl.steps, full, last, comm_first, rank.profile().contention);
 }
 
 /// Adds `src` rows into an f32/f64 accumulator, or starts it.

@@ -1,5 +1,6 @@
 #include "cocemu/layers/model_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -50,6 +51,11 @@ ModelConfig load_model_config(const std::string& name) {
   const bool is_path = name.find('/') != std::string::npos ||
                        (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0);
   const std::string path = is_path ? name : config_dir() + "/models/" + name + ".yaml";
+  {
+    std::error_code ec;
+    COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
+                     "model config", path);
+  }
   std::ifstream in(path);
   COCEMU_CHECK_ARG(in.good(), "cannot open model config '{}'", path);
   std::stringstream ss;

@@ -227,9 +227,11 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   // Core attention over this rank's heads, causal, SBH layout ([S, B, heads·d] = the [m, hl] rows).
   // Queued kernels own what they read (values and the shared saved state, never `this`), so a
   // layer may be destroyed before its streams drain, as PyTorch's in-flight kernels keep theirs.
-  s->pos.resize(std::size_t(c_.seq));
-  for (std::int64_t i = 0; i < c_.seq; ++i)
-    s->pos[std::size_t(i)] = i;
+  if (rank.numerics()) {  // positions are for the numerics only
+    s->pos.resize(std::size_t(c_.seq));
+    for (std::int64_t i = 0; i < c_.seq; ++i)
+      s->pos[std::size_t(i)] = i;
+  }
   s->attn = alloc(rank, {m, hl}, c_.dtype);
   s->lse =
       alloc(rank, {c_.batch, heads_l, c_.seq}, c_.dtype == DType::f64 ? DType::f64 : DType::f32);

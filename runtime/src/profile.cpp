@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -217,8 +218,10 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
   for (auto& [t, f] : p.peak_flops)
     v.push_back({fmt::format("compute.peak_flops.{}", name_of(t)), {&f, Param::plain}});
   v.push_back({"compute.gemm.max_efficiency", {&p.gemm.max_efficiency, Param::fraction}});
-  v.push_back({"compute.gemm.half_efficiency_flops", {&p.gemm.half_efficiency_flops, Param::plain}});
-  v.push_back({"compute.gemm.unaligned_efficiency", {&p.gemm.unaligned_efficiency, Param::fraction}});
+  v.push_back(
+      {"compute.gemm.half_efficiency_flops", {&p.gemm.half_efficiency_flops, Param::plain}});
+  v.push_back(
+      {"compute.gemm.unaligned_efficiency", {&p.gemm.unaligned_efficiency, Param::fraction}});
   v.push_back({"compute.attention_efficiency", {&p.attention_efficiency, Param::fraction}});
   v.push_back({"compute.kernel_min_ns", {&p.kernel_min_ns, Param::plain}});
   v.push_back({"memory.bandwidth_bytes_per_s", {&p.memory_bandwidth, Param::plain}});
@@ -282,6 +285,11 @@ DeviceProfile DeviceProfile::scaled(const std::string& key, double factor) const
 }
 
 DeviceProfile load_device_profile(const std::string& path) {
+  {
+    std::error_code ec;
+    COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
+                     "device profile", path);
+  }
   std::ifstream in(path);
   COCEMU_CHECK_ARG(in.good(), "cannot open device profile '{}'", path);
   std::stringstream ss;

@@ -1,5 +1,9 @@
 #include "cocemu/runtime/sync.h"
 
+#include <limits>
+
+#include "cocemu/runtime/checked.h"
+
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -56,24 +60,15 @@ const WaitScope& current_wait_scope() {
 }
 
 std::chrono::milliseconds default_timeout() {
-  if (const char* v = std::getenv("COCEMU_TIMEOUT_MS")) {
-    char* end = nullptr;
-    long ms = std::strtol(v, &end, 10);
-    COCEMU_CHECK_ARG(end && *end == '\0' && ms > 0,
-                     "COCEMU_TIMEOUT_MS='{}' is not a positive integer number of milliseconds", v);
-    return std::chrono::milliseconds(ms);
-  }
+  if (const char* v = std::getenv("COCEMU_TIMEOUT_MS"))  // up to a day: deadlines never wrap
+    return std::chrono::milliseconds(parse_integer("COCEMU_TIMEOUT_MS", v, 1, 86'400'000));
   return std::chrono::milliseconds(60000);
 }
 
 std::uint64_t default_schedule_seed() {
-  if (const char* v = std::getenv("COCEMU_SCHEDULE_SEED")) {
-    char* end = nullptr;
-    unsigned long long s = std::strtoull(v, &end, 10);
-    COCEMU_CHECK_ARG(end && *end == '\0', "COCEMU_SCHEDULE_SEED='{}' is not an unsigned integer",
-                     v);
-    return s;
-  }
+  if (const char* v = std::getenv("COCEMU_SCHEDULE_SEED"))
+    return std::uint64_t(
+        parse_integer("COCEMU_SCHEDULE_SEED", v, 0, std::numeric_limits<std::int64_t>::max()));
   return 0;
 }
 
@@ -138,11 +133,7 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
   static const int yields = [] {
     const char* v = std::getenv("COCEMU_WAIT_YIELDS");
     if (!v) return 2000;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    COCEMU_CHECK_ARG(end && *end == '\0' && n >= 0 && n <= 1000000,
-                     "COCEMU_WAIT_YIELDS='{}' must be an integer in 0..1000000", v);
-    return int(n);
+    return int(parse_integer("COCEMU_WAIT_YIELDS", v, 0, 1000000));
   }();
   for (int i = 0; i < yields; ++i) {
     if (reached(target)) return;

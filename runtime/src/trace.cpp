@@ -47,7 +47,8 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   COCEMU_CHECK_ARG(out.good(), "cannot write '{}'", path);
   out << text;
-  COCEMU_CHECK_ARG(out.good(), "error while writing '{}'", path);
+  out.close();
+  COCEMU_CHECK_ARG(!out.fail(), "error while writing '{}' (disk full?)", path);
 }
 }  // namespace
 

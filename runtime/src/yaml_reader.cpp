@@ -11,15 +11,59 @@ YamlReader::YamlReader(YAML::Node node, std::string file, std::string path)
                where(), path_.empty() ? "<top level>" : path_);
 }
 
+namespace {
+
+/// Every mapping of the document: duplicate keys are errors (yaml-cpp keeps the first silently),
+/// and nesting is bounded.
+void check_tree(const YAML::Node& n, const std::string& file, int depth) {
+  COCEMU_CHECK(depth <= 32, Errc::parse_error,
+               "{}:{}: nested more than 32 levels deep; configuration files are flat", file,
+               n.Mark().line + 1);
+  if (n.IsMap()) {
+    std::set<std::string> seen;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : "?";
+      COCEMU_CHECK(seen.insert(key).second, Errc::parse_error,
+                   "{}:{}: key '{}' appears twice in one mapping", file, it->first.Mark().line + 1,
+                   key.size() > 60 ? key.substr(0, 60) + "..." : key);
+      check_tree(it->second, file, depth + 1);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& item : n)
+      check_tree(item, file, depth + 1);
+  }
+}
+
+bool is_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + std::size_t(len) > s.size()) return false;
+    for (int k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + std::size_t(k)]) >> 6) != 2) return false;
+    i += std::size_t(len);
+  }
+  return true;
+}
+
+}  // namespace
+
 YamlReader YamlReader::parse(const std::string& text, const std::string& file) {
-  YAML::Node root;
+  COCEMU_CHECK(text.size() <= (std::size_t(4) << 20), Errc::parse_error,
+               "{}: {} bytes; configuration files are at most 4 MiB", file, text.size());
+  std::vector<YAML::Node> docs;
   try {
-    root = YAML::Load(text);
+    docs = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     COCEMU_FAIL(Errc::parse_error, "{}:{}:{}: YAML syntax error: {}", file, e.mark.line + 1,
                 e.mark.column + 1, e.msg);
   }
+  COCEMU_CHECK(docs.size() == 1, Errc::parse_error,
+               "{}: {} YAML documents; exactly one is allowed (remove the '---' separators)", file,
+               docs.size());
+  const YAML::Node& root = docs.front();
   COCEMU_CHECK(root.IsMap(), Errc::parse_error, "{}: the document must be a mapping", file);
+  check_tree(root, file, 0);
   return YamlReader(root, file, "");
 }
 
@@ -108,6 +152,8 @@ std::string YamlReader::string(const std::string& key) {
   YAML::Node n = get(key);
   COCEMU_CHECK(n.IsScalar(), Errc::parse_error, "{}: '{}{}' must be a string", where(n),
                path_.empty() ? "" : path_ + ".", key);
+  COCEMU_CHECK(is_utf8(n.Scalar()), Errc::parse_error, "{}: '{}{}' is not valid UTF-8 text",
+               where(n), path_.empty() ? "" : path_ + ".", key);
   return n.Scalar();
 }
 

@@ -1,0 +1,54 @@
+// Up-front checks of output paths, so a long run never ends in a write that cannot happen.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "cocemu/runtime/error.h"
+#include "commands.h"
+
+namespace cocemu::cli {
+
+void check_output_dir(const std::string& option, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  COCEMU_CHECK_ARG(!ec && std::filesystem::is_directory(dir),
+                   "{} '{}' cannot be used as an output folder: {}", option, dir,
+                   ec ? ec.message() : "it is not a directory");
+  const std::string probe = dir + "/.cocemu-write-test";
+  {
+    std::ofstream f(probe);
+    COCEMU_CHECK_ARG(f.good(), "{} '{}' is not writable", option, dir);
+  }
+  std::filesystem::remove(probe, ec);
+}
+
+void check_output_file(const std::string& option, const std::string& path) {
+  std::error_code ec;
+  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory", option,
+                   path);
+  const bool existed = std::filesystem::exists(path, ec);
+  std::ofstream f(path, std::ios::app);
+  COCEMU_CHECK_ARG(f.good(), "{} '{}' cannot be written (missing folder or no permission)", option,
+                   path);
+  f.close();
+  if (!existed) std::filesystem::remove(path, ec);
+}
+
+}  // namespace cocemu::cli
+
+namespace cocemu::cli {
+
+void write_file(const std::string& option, const std::string& path, const std::string& text) {
+  std::error_code ec;
+  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory", option,
+                   path);
+  std::ofstream f(path);
+  COCEMU_CHECK_ARG(f.good(), "{} '{}' cannot be written (missing folder or no permission)", option,
+                   path);
+  f << text;
+  f.close();
+  COCEMU_CHECK_ARG(!f.fail(), "{} '{}': the write failed (disk full?)", option, path);
+}
+
+}  // namespace cocemu::cli

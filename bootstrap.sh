@@ -3,8 +3,10 @@
 #
 #   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu bench
 #   ./bootstrap.sh test   install, build (Release) and run every test with ctest
-#   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime, collectives, layers and bench tests
+#   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime, collectives, attention, layers
+#                         and bench tests
 #   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every test
+#   ./bootstrap.sh fuzz   libFuzzer targets (clang): each parser fuzzed for FUZZ_SECONDS (30)
 #   ./bootstrap.sh deps   only install the Debian packages
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -50,7 +52,7 @@ case "${1:-}" in
     deps
     build build-tsan -DCOCEMU_SANITIZE=thread
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives|layers|bench' --output-on-failure --timeout 900
+      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives|attention|layers|bench' --output-on-failure --timeout 900
     ;;
   asan)
     deps
@@ -58,8 +60,41 @@ case "${1:-}" in
     ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
       ctest --test-dir build-asan -j "$JOBS" --output-on-failure --timeout 900
     ;;
+  fuzz)
+    deps
+    if ! command -v clang++ >/dev/null 2>&1 || ! dpkg -s libfuzzer-14-dev >/dev/null 2>&1; then
+      sudo=""
+      [ "$(id -u)" = 0 ] || sudo="sudo"
+      export DEBIAN_FRONTEND=noninteractive
+      $sudo apt-get update -qq || true
+      $sudo apt-get install -y -qq --no-install-recommends clang libfuzzer-14-dev >/dev/null || true
+    fi
+    if ! command -v clang++ >/dev/null 2>&1; then
+      echo "bootstrap: clang is not available: the fuzz targets are skipped"
+      exit 0
+    fi
+    CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DCOCEMU_FUZZ=ON \
+      -DCOCEMU_NATIVE=OFF >/dev/null
+    cmake --build build-fuzz -j "$JOBS" --target fuzz_targets
+    seconds="${FUZZ_SECONDS:-30}"
+    for t in npy profile model coc validation; do
+      corpus="build-fuzz/corpus-$t"
+      mkdir -p "$corpus"
+      case "$t" in
+        npy) cp tests/fuzz/corpus/npy/*.npy "$corpus"/ ;;
+        profile) cp configs/devices/*.yaml "$corpus"/ ;;
+        model) cp configs/models/*.yaml "$corpus"/ ;;
+        coc) cp configs/coc.yaml "$corpus"/ ;;
+        validation) cp configs/validation.yaml "$corpus"/ ;;
+      esac
+      echo "fuzz_$t: ${seconds} s"
+      ASAN_OPTIONS="detect_leaks=0" "./build-fuzz/tests/fuzz/fuzz_$t" "$corpus" \
+        -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
+        -artifact_prefix="build-fuzz/finding-$t-" -print_final_stats=1 2>&1 | tail -n 3
+    done
+    ;;
   *)
-    sed -n '2,9p' "$0"
+    sed -n '2,10p' "$0"
     exit 2
     ;;
 esac

@@ -208,6 +208,7 @@ void add_attention(CLI::App& app) {
   sub->add_option("--v", o->v, ".npy [S, B, Hkv, D]");
   sub->add_option("--dout", o->dout, ".npy [S, B, H, D]");
   sub->add_option("--seed", o->seed, "seed of random inputs when no .npy is given")
+      ->check(CLI::Range(std::uint64_t(0), std::uint64_t(INT64_MAX)))
       ->capture_default_str();
   sub->add_option("--out-dir", o->out_dir, "write out, lse, dq, dk, dv as .npy here");
   sub->add_option("--profile", o->profile, "device profile")->capture_default_str();

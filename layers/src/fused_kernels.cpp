@@ -301,7 +301,9 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
                    rank.id(), x.describe(), out.describe(), m, n, name_of(x.dtype()));
   const Pipeline pl = pipeline(m, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * n) * e;
-  const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  const auto ws = workspace(g, 2 * slot_bytes, pl.steps);
+  const SymmetricBuffer buf = ws.first;
+  const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
   PipelineCost pc =
       price_steps(rank, pl, m, CollOp::all_reduce, false, x.dtype(), n_ranks, [&](std::int64_t h) {
@@ -479,7 +481,9 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
   const std::size_t e = size_of(x.dtype());
   const std::size_t block_bytes = std::size_t(pl.step_rows * n) * e,
                     slot_bytes = block_bytes * std::size_t(n_ranks);
-  const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  const auto ws = workspace(g, 2 * slot_bytes, pl.steps);
+  const SymmetricBuffer buf = ws.first;
+  const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
   const PipelineCost pc = price_steps(rank, pl, ml, CollOp::reduce_scatter, false, x.dtype(),
                                       n_ranks, [&](std::int64_t h) {
@@ -538,7 +542,9 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
                    rank.id(), gathered.describe(), m, k);
   const Pipeline pl = pipeline(ml, o);
   const std::size_t e = size_of(x.dtype()), slot_bytes = std::size_t(pl.step_rows * k) * e;
-  const auto [buf, base] = workspace(g, 2 * slot_bytes, pl.steps);
+  const auto ws = workspace(g, 2 * slot_bytes, pl.steps);
+  const SymmetricBuffer buf = ws.first;
+  const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
   const PipelineCost pc =
       price_steps(rank, pl, ml, CollOp::all_gather, true, x.dtype(), n_ranks, [&](std::int64_t h) {

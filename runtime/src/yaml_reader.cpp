@@ -1,7 +1,9 @@
 #include "cocemu/runtime/detail/yaml_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 namespace cocemu::detail {
 
@@ -51,17 +53,31 @@ bool is_utf8(const std::string& s) {
 YamlReader YamlReader::parse(const std::string& text, const std::string& file) {
   COCEMU_CHECK(text.size() <= (std::size_t(4) << 20), Errc::parse_error,
                "{}: {} bytes; configuration files are at most 4 MiB", file, text.size());
-  std::vector<YAML::Node> docs;
+  // One document only. Found by scanning for document markers after content, not with
+  // YAML::LoadAll, which can loop on malformed input (found by fuzzing yaml-cpp 0.7).
+  {
+    bool content = false;
+    int line = 0;
+    for (std::size_t at = 0; at < text.size(); ++line) {
+      const std::size_t end = std::min(text.find('\n', at), text.size());
+      const std::string_view l(text.data() + at, end - at);
+      const bool marker = (l.substr(0, 3) == "---" || l.substr(0, 3) == "...") &&
+                          (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
+      COCEMU_CHECK(!(marker && content), Errc::parse_error,
+                   "{}:{}: a second YAML document ('{}'); exactly one is allowed", file, line + 1,
+                   l.substr(0, 3));
+      const std::size_t first = l.find_first_not_of(" \t\r");
+      if (!marker && first != std::string_view::npos && l[first] != '#') content = true;
+      at = end + 1;
+    }
+  }
+  YAML::Node root;
   try {
-    docs = YAML::LoadAll(text);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     COCEMU_FAIL(Errc::parse_error, "{}:{}:{}: YAML syntax error: {}", file, e.mark.line + 1,
                 e.mark.column + 1, e.msg);
   }
-  COCEMU_CHECK(docs.size() == 1, Errc::parse_error,
-               "{}: {} YAML documents; exactly one is allowed (remove the '---' separators)", file,
-               docs.size());
-  const YAML::Node& root = docs.front();
   COCEMU_CHECK(root.IsMap(), Errc::parse_error, "{}: the document must be a mapping", file);
   check_tree(root, file, 0);
   return YamlReader(root, file, "");

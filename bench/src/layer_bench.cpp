@@ -27,17 +27,7 @@ layers::CocConfig default_bench_coc() {
 std::vector<BenchStrategy> default_strategies(const layers::CocConfig& coc) {
   // Every strategy with the config's switches (SoC-friendly operands, recompute, tiling).
   auto with = [&](Strategy strategy, int parallel_num) {
-    layers::LinearOptions o;
-    o.strategy = strategy;
-    o.parallel_num = parallel_num;
-    o.tile_rows = coc.tile_rows;
-    o.tiles_per_step = coc.tiles_per_step;
-    o.recompute_all_gather = coc.recompute_all_gather;
-    o.enable_coc_in_column_backward = coc.enable_coc_in_column_backward;
-    o.matmul_soc_friendly = coc.matmul_soc_friendly;
-    o.k_min = coc.k_min;
-    o.k_max = coc.k_max;
-    return o;
+    return layers::options_for(coc, strategy, parallel_num);
   };
   std::vector<BenchStrategy> s{{"serial", with(Strategy::serial, 1)}};
   for (int p : {2, 4, 8})

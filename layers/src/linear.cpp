@@ -16,9 +16,13 @@ using detail::matmul;
 
 LinearOptions options_for(const CocConfig& c, std::int64_t m, std::int64_t k, std::int64_t n) {
   const CocChoice ch = choose(c, m, k, n);
+  return options_for(c, ch.strategy, ch.parallel_num);
+}
+
+LinearOptions options_for(const CocConfig& c, Strategy strategy, int parallel_num) {
   LinearOptions o;
-  o.strategy = ch.strategy;
-  o.parallel_num = ch.parallel_num;
+  o.strategy = strategy;
+  o.parallel_num = parallel_num;
   o.tile_rows = c.tile_rows;
   o.tiles_per_step = c.tiles_per_step;
   o.recompute_all_gather = c.recompute_all_gather;

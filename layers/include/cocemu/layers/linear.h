@@ -51,6 +51,8 @@ struct LinearOptions {
 
 /// Strategy options for one op from a CoC config (MindSpeed's get_parallel_num).
 LinearOptions options_for(const CocConfig& config, std::int64_t m, std::int64_t k, std::int64_t n);
+/// A given strategy with the config's other switches (tiling, recompute, SoC-friendly operands).
+LinearOptions options_for(const CocConfig& config, Strategy strategy, int parallel_num);
 
 class ColumnParallelLinear {
  public:

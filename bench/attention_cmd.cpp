@@ -77,7 +77,12 @@ std::vector<int> valid_windows(CpConfig c, const AttentionProblem& p) {
 
 Tensor load_sbh(const std::string& path, std::int64_t S, std::int64_t B, std::int64_t H,
                 std::int64_t D, DType dtype, const char* what) {
-  Tensor t = read_npy(path);
+  Tensor t;
+  try {
+    t = read_npy(path);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("--{}: {}", what, e.what()));
+  }
   const bool four =
       t.ndim() == 4 && t.size(0) == S && t.size(1) == B && t.size(2) == H && t.size(3) == D;
   const bool three = t.ndim() == 3 && t.size(0) == S && t.size(1) == B && t.size(2) == H * D;
@@ -242,7 +247,12 @@ void add_attention(CLI::App& app) {
         nullptr,  0};
     if (o->mask == "general") {
       COCEMU_CHECK_ARG(!o->mask_file.empty(), "--mask general needs --mask-file");
-      Tensor m = read_npy(o->mask_file);
+      Tensor m;
+      try {
+        m = read_npy(o->mask_file);
+      } catch (const Error& e) {
+        throw Error(e.code(), fmt::format("--mask-file: {}", e.what()));
+      }
       COCEMU_CHECK_ARG(
           m.ndim() == 2 && m.size(0) == p.seq && m.size(1) == p.seq && m.dtype() == DType::i8,
           "--mask-file {}: mask {} must be bool or uint8 [{}, {}] (true = visible)", o->mask_file,
@@ -294,6 +304,13 @@ void add_attention(CLI::App& app) {
       return;
     }
     const bool numerics = !o->dry_run;
+    // A dry run models shapes only: inputs it would ignore are an error, not a silent no-op.
+    for (auto [option, path] : {std::pair{"--q", &o->q}, std::pair{"--k", &o->k},
+                                std::pair{"--v", &o->v}, std::pair{"--dout", &o->dout}})
+      COCEMU_CHECK_ARG(numerics || path->empty(),
+                       "{} '{}': --dry-run models shapes only and would ignore this input; drop "
+                       "one of the two",
+                       option, *path);
     // Outputs are checked before the run, not after it.
     if (!o->out_dir.empty()) {
       COCEMU_CHECK_ARG(numerics, "--out-dir needs real numerics (not --dry-run)");

@@ -24,7 +24,7 @@ void add_validate(CLI::App& app) {
       v = bench::validate_shipped();
     } else {
       std::ifstream f(*file);
-      COCEMU_CHECK_ARG(f.good(), "validate: cannot read '{}'", *file);
+      COCEMU_CHECK_ARG(f.good(), "--references '{}' cannot be read", *file);
       std::stringstream ss;
       ss << f.rdbuf();
       v = bench::validate(ss.str(), *file);

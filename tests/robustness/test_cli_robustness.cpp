@@ -128,6 +128,37 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
   std::printf("[ numeric options ] %d cases: %d clear errors, %d valid and accepted, %d bad\n",
               cases, t.clear_errors, t.accepted, t.bad);
   EXPECT_EQ(t.bad, 0);
+  // Options that take names and paths get the same probes: none of them is a valid name.
+  const std::vector<Opt> names = {
+      {"attention", &attn, "--algo", "algo", {}},
+      {"attention", &attn, "--mask", "mask", {}},
+      {"attention", &attn, "--layout", "layout", {}},
+      {"attention", &attn, "--dtype", "dtype", {}},
+      {"attention", &attn, "--profile", "profile", {}},
+      {"attention", &attn, "--q", "--q", {}},
+      {"attention --mask general", &attn, "--mask-file", "--mask-file", {}},
+      {"collbench", &coll, "--ops", "op", {}},
+      {"collbench", &coll, "-d", "dtype", {}},
+      {"collbench", &coll, "-a", "algorithm", {}},
+      {"collbench", &coll, "-p", "profile", {}},
+      {"bench", &bench, "--model", "model", {}},
+      {"bench", &bench, "--profile", "profile", {}},
+      {"bench", &bench, "--coc-config", "CoC config", {}},
+      {"tune", &none, "--model", "model", {}},
+      {"tune", &none, "--profile", "profile", {}},
+      {"validate", &none, "--references", "--references", {}},
+  };
+  Tally n;
+  int name_cases = 0;
+  for (const Opt& o : names)
+    for (const std::string& v : probes) {
+      ++name_cases;
+      expect_clear(with_base(o.command, *o.base, o.option) + " " + o.option + " " + v, o.name,
+                   false, n);
+    }
+  std::printf("[ name and path options ] %d cases: %d clear errors, %d bad\n", name_cases,
+              n.clear_errors, n.bad);
+  EXPECT_EQ(n.bad, 0);
 }
 
 TEST(CliRobustness, EnvironmentVariablesAreParsedStrictly) {

@@ -82,7 +82,7 @@ case "${1:-}" in
       mkdir -p "$corpus"
       case "$t" in
         npy) cp tests/fuzz/corpus/npy/*.npy "$corpus"/ ;;
-        profile) cp configs/devices/*.yaml "$corpus"/ ;;
+        profile) cp configs/devices/*.yaml tests/fuzz/corpus/profile/*.yaml "$corpus"/ ;;
         model) cp configs/models/*.yaml "$corpus"/ ;;
         coc) cp configs/coc.yaml "$corpus"/ ;;
         validation) cp configs/validation.yaml "$corpus"/ ;;

@@ -24,7 +24,10 @@ void check_tree(const YAML::Node& n, const std::string& file, int depth) {
   if (n.IsMap()) {
     std::set<std::string> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
-      const std::string key = it->first.IsScalar() ? it->first.Scalar() : "?";
+      COCEMU_CHECK(it->first.IsScalar(), Errc::parse_error,
+                   "{}:{}: a mapping key must be a plain name, not a list or a mapping", file,
+                   it->first.Mark().line + 1);
+      const std::string key = it->first.Scalar();
       COCEMU_CHECK(seen.insert(key).second, Errc::parse_error,
                    "{}:{}: key '{}' appears twice in one mapping", file, it->first.Mark().line + 1,
                    key.size() > 60 ? key.substr(0, 60) + "..." : key);
@@ -84,9 +87,13 @@ YamlReader YamlReader::parse(const std::string& text, const std::string& file) {
 }
 
 std::string YamlReader::where(const YAML::Node& n) const {
-  const YAML::Mark m = n.Mark();
-  if (m.is_null()) return file_;
-  return fmt::format("{}:{}", file_, m.line + 1);
+  try {  // an invalid node (a lookup that found nothing) has no mark
+    const YAML::Mark m = n.Mark();
+    if (m.is_null()) return file_;
+    return fmt::format("{}:{}", file_, m.line + 1);
+  } catch (const YAML::Exception&) {
+    return file_;
+  }
 }
 
 bool YamlReader::has(const std::string& key) const {

@@ -179,6 +179,19 @@ TEST(Environment, ValuesAreNeverTruncated) {
                Errc::invalid_argument, {"size:", "exceeds"});
 }
 
+// Inputs the profile fuzz target found: each must be a clear error (a cocemu::Error), quickly.
+TEST(YamlParsers, FuzzFindingsAreClearErrors) {
+  for (const char* name : {"found-yaml-invalid-node.yaml", "found-loadall-loop.yaml"}) {
+    const std::string path = std::string(COCEMU_SOURCE_DIR) + "/tests/fuzz/corpus/profile/" + name;
+    std::ifstream f(path);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(text.empty()) << path;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(parse_device_profile(text, name), Error) << name;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << name;
+  }
+}
+
 TEST(ConfigFiles, ADirectoryIsNamedAsSuch) {
   expect_error([] { load_device_profile(::testing::TempDir()); }, Errc::invalid_argument,
                {"is a directory, not a file"});

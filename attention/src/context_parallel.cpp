@@ -483,18 +483,37 @@ CpAttention::CpAttention(Group& cp_group, const CpConfig& config, const Attentio
   // the inner ring of a double ring on cp_group_for_intra_window (and its overlap twin). Each
   // communicator beyond the first has its stream, as a PyTorch process group does, so its
   // transfers overlap the others'.
+  // They are made once per rank and CP configuration, as MindSpeed builds its groups once: an
+  // attention layer called every step reuses them (and their streams).
   if (ring_size_ > 1) {
     const bool two = config.use_cp_send_recv_overlap;
-    auto communicator = [&](const char* stream) {
-      Group g = split(ring_, 0, ring_.rank());
-      g.set_stream(rank.new_stream(stream));
-      return g;
+    struct Communicators {
+      bool made = false;
+      Group overlap, inner, inner_overlap;
     };
+    const auto comms =
+        rank.world().shared<Communicators>(fmt::format("cp-communicators/{}/{}/u{}/w{}/{}",
+                                                       rank.id(), cp_group.key(), u_, window_, two),
+                                           [] { return std::make_shared<Communicators>(); });
+    if (!comms->made) {  // every ring member takes this branch at the same call (split is
+                         // collective)
+      auto communicator = [&](const char* stream) {
+        Group g = split(ring_, 0, ring_.rank());
+        g.set_stream(rank.new_stream(stream));
+        return g;
+      };
+      if (two) comms->overlap = communicator("cp send/recv overlap");
+      if (window_ > 1) {
+        comms->inner = communicator("cp intra-window");
+        if (two) comms->inner_overlap = communicator("cp intra-window overlap");
+      }
+      comms->made = true;
+    }
     outer_[0] = ring_;
-    outer_[1] = two ? communicator("cp send/recv overlap") : ring_;
+    outer_[1] = two ? comms->overlap : ring_;
     if (window_ > 1) {
-      inner_[0] = communicator("cp intra-window");
-      inner_[1] = two ? communicator("cp intra-window overlap") : inner_[0];
+      inner_[0] = comms->inner;
+      inner_[1] = two ? comms->inner_overlap : inner_[0];
     }
   }
   for (int j = 0; j < ring_size_; ++j) {  // tokens of ring member j after the Ulysses all_to_all

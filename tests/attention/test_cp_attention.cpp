@@ -454,3 +454,32 @@ TEST(CpAttention, SendRecvOverlapNeedsAnEvenRing) {
 
 }  // namespace
 }  // namespace cocemu::attn
+
+namespace cocemu::attn {
+namespace {
+
+// An attention layer called every step reuses its communicators and their streams.
+TEST(CpAttention, CommunicatorsAreMadeOncePerConfiguration) {
+  WorldOptions o;
+  o.numerics = false;
+  CpConfig cfg = config_of({"megatron_cp_algo", 4, 1, 2}, true, true, true);
+  const AttentionProblem p{1, 2, 2, 64, 16, DType::bf16, nullptr, 0};
+  cocemu::testing::run_ranks(
+      4,
+      [&](Rank& rank) {
+        Group world = Group::world(rank);
+        std::size_t lanes = 0;
+        for (int call = 0; call < 3; ++call) {
+          CpAttention a(world, cfg, p);
+          const Tensor q = Tensor::shape_only({16, 1, 32}, DType::bf16);
+          a.forward(q, q, q);
+          if (call == 0) lanes = rank.graph().lane_names.size();
+          EXPECT_EQ(rank.graph().lane_names.size(), lanes) << "call " << call;
+        }
+        EXPECT_EQ(lanes, 6u);  // host, compute, comm, and three communicators' streams
+      },
+      o);
+}
+
+}  // namespace
+}  // namespace cocemu::attn

@@ -62,9 +62,9 @@ TEST(Topology, HierarchicalAllReduceCrossesTheNetworkOnce) {
   EXPECT_DOUBLE_EQ(c.round_ns[0], 2000);
   EXPECT_DOUBLE_EQ(c.round_ns[1], 20000);
   EXPECT_DOUBLE_EQ(c.round_ns[2], 2000);
-  // Deterministic mode and other ops use the ring (rank-ordered partial sums).
+  // Deterministic mode uses the direct plan (rank-ordered sums, one round); other ops the ring.
   req.deterministic = true;
-  EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::direct);
   req.deterministic = false;
   req.op = CollOp::reduce_scatter;
   EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);

@@ -6,9 +6,9 @@
 //      round; each member's NIC carries 2·(N−1)/N of its segment, as a ring would);
 //   3. inside each node, an all-gather of the segments;
 // large calls pipelined in chunks so that the three phases overlap on their different links.
-// The partial sums are not in rank order, so deterministic mode (and every op but all_reduce, or
-// a group whose nodes hold different numbers of members) uses the ring plan instead — the
-// rank-ordered chain in deterministic mode — priced on the links it crosses.
+// The partial sums are not in rank order, so deterministic mode uses the direct plan (rank-ordered
+// sums in one round) and every op but all_reduce, or a group whose nodes hold different numbers of
+// members, the ring plan instead — each priced on the links it crosses.
 #include <algorithm>
 #include <map>
 
@@ -26,8 +26,10 @@ Plan build_hierarchical_plan(const PlanRequest& req) {
   for (const auto& [node, members] : by_node)
     even = even && members.size() == L;
   if (req.op != CollOp::all_reduce || req.deterministic || N < 2 || !even) {
-    Plan p = build_ring_plan(req);
-    p.algorithm = Algorithm::ring;
+    // Deterministic mode needs rank-ordered sums: the direct plan (one round, so a large world's
+    // host threads synchronise once); otherwise the ring, as NCCL's other multi-node ops.
+    Plan p = req.deterministic ? build_direct_plan(req) : build_ring_plan(req);
+    p.algorithm = req.deterministic ? Algorithm::direct : Algorithm::ring;
     return p;
   }
   std::vector<std::vector<int>> local;  // [node][local index] -> member

@@ -1,5 +1,6 @@
 #include "kernels.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "cocemu/runtime/blas.h"
@@ -118,17 +119,36 @@ void add_bias(Rank& rank, const Tensor& y, const Tensor& bias) {
                                [=] { add_bias_now(y, bias); });
 }
 
+namespace {
+
+/// main_grad (f32, or f64 for f64 weights) += g, each element rounded once.
+void add_into(const Tensor& main_grad, const Tensor& g) {
+  if (main_grad.dtype() == DType::f64) {
+    double* mg = main_grad.data<double>();
+    const Tensor g64 = g.dtype() == DType::f64 ? g : g.to(DType::f64);
+    const double* p = g64.data<double>();
+    for (std::int64_t i = 0; i < main_grad.numel(); ++i)
+      mg[i] += p[i];
+    return;
+  }
+  float* mg = main_grad.data<float>();
+  const Tensor g32 = g.dtype() == DType::f32 ? g : g.to(DType::f32);
+  const float* p = g32.data<float>();
+  for (std::int64_t i = 0; i < main_grad.numel(); ++i)
+    mg[i] += p[i];
+}
+
+}  // namespace
+
+DType grad_dtype(DType weight) {
+  return weight == DType::f64 ? DType::f64 : DType::f32;
+}
+
 void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g) {
   rank.current_stream().launch({.name = "main_grad +=",
                                 .cls = OpClass::compute,
                                 .work_ns = memory_ns(rank.profile(), 3 * main_grad.nbytes())},
-                               [=] {
-                                 float* mg = main_grad.data<float>();
-                                 const Tensor g32 = g.dtype() == DType::f32 ? g : g.to(DType::f32);
-                                 const float* p = g32.data<float>();
-                                 for (std::int64_t i = 0; i < main_grad.numel(); ++i)
-                                   mg[i] += p[i];
-                               });
+                               [=] { add_into(main_grad, g); });
 }
 
 void weight_grad(Rank& rank, const std::string& name, const Tensor& dy, const Tensor& x,
@@ -145,16 +165,11 @@ void weight_grad(Rank& rank, const std::string& name, const Tensor& dy, const Te
                                 .work_ns = gemm_cost_ns(rank, n, k, m, dy.dtype(), {true, false}),
                                 .flops = std::uint64_t(2 * m * n * k)},
                                [=, det = rank.deterministic()] {
-                                 const DType wide =
-                                     dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
+                                 const DType wide = grad_dtype(dy.dtype());
                                  Tensor dw = Tensor::zeros(main_grad.shape(), wide);
                                  gemm_now(dy.dtype() == wide ? dy : dy.to(wide), true,
                                           x.dtype() == wide ? x : x.to(wide), false, dw, det);
-                                 float* mg = main_grad.data<float>();
-                                 const Tensor dw32 = wide == DType::f32 ? dw : dw.to(DType::f32);
-                                 const float* p = dw32.data<float>();
-                                 for (std::int64_t i = 0; i < main_grad.numel(); ++i)
-                                   mg[i] += p[i];
+                                 add_into(main_grad, dw);
                                });
 }
 
@@ -215,6 +230,50 @@ void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int
                                      std::memcpy(narrow_row, wide_row, std::size_t(w) * e);
                                  }
                                });
+}
+
+double at(const Tensor& t, std::int64_t i) {
+  return t.item(i);
+}
+
+void set(const Tensor& t, std::int64_t i, double v) {
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    t.data<T>()[i] = store_as<T>(acc_t<T>(v));
+  });
+}
+
+void rmsnorm(Rank& rank, const Tensor& x, const Tensor& y, const Tensor& rms) {
+  elementwise(rank, "rmsnorm", 2 * x.nbytes(), [=] {
+    const std::int64_t m = x.size(0), h = x.size(1);
+    for (std::int64_t i = 0; i < m; ++i) {
+      double ss = 0;
+      for (std::int64_t j = 0; j < h; ++j)
+        ss += at(x, i * h + j) * at(x, i * h + j);
+      const double r = std::sqrt(ss / double(h) + 1e-6);  // eps
+      rms.data<double>()[i] = r;
+      for (std::int64_t j = 0; j < h; ++j)
+        set(y, i * h + j, at(x, i * h + j) / r);
+    }
+  });
+}
+
+void rmsnorm_backward(Rank& rank, const Tensor& x, const Tensor& rms, const Tensor& dy,
+                      const Tensor& accum) {
+  elementwise(rank, "rmsnorm backward", 3 * x.nbytes(), [=] {
+    const std::int64_t m = x.size(0), h = x.size(1);
+    for (std::int64_t i = 0; i < m; ++i) {
+      const double r = rms.data<double>()[i];
+      double dot = 0;
+      for (std::int64_t j = 0; j < h; ++j)
+        dot += at(dy, i * h + j) * at(x, i * h + j) / r;
+      dot /= double(h);
+      for (std::int64_t j = 0; j < h; ++j) {
+        const double xh = at(x, i * h + j) / r;
+        set(accum, i * h + j, at(accum, i * h + j) + (at(dy, i * h + j) - xh * dot) / r);
+      }
+    }
+  });
 }
 
 }  // namespace cocemu::layers::detail

@@ -57,7 +57,9 @@ double gemm_cost_ns(const Rank& rank, std::int64_t m, std::int64_t n, std::int64
 /// y[i, :] += bias (rounded once to y's dtype).
 void add_bias(Rank& rank, const Tensor& y, const Tensor& bias);
 void add_bias_now(const Tensor& y, const Tensor& bias);
-/// main_grad (f32) += g.
+/// The dtype of a weight's main_grad: f32 (Megatron's), f64 for f64 weights.
+DType grad_dtype(DType weight);
+/// main_grad += g.
 void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g);
 /// The weight gradient main_grad (f32) += dyᵀ·x, dy [m, n], x [m, k]. With `fusion` (Megatron's
 /// gradient_accumulation_fusion) one GEMM accumulates into main_grad with f32 sums (16-bit
@@ -74,5 +76,22 @@ void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int
                   bool into_wide);
 /// A zero tensor with storage unless the run is a dry run.
 Tensor alloc(const Rank& rank, const Shape& shape, DType dtype);
+
+/// Memory-bound work on the current stream, priced as `bytes` of device-memory traffic.
+template <class Fn>
+void elementwise(Rank& rank, const std::string& name, std::uint64_t bytes, Fn fn) {
+  rank.current_stream().launch(
+      {.name = name, .cls = OpClass::compute, .work_ns = memory_ns(rank.profile(), bytes)},
+      std::move(fn));
+}
+/// Element i of any dtype as double; `set` stores a double rounded once to the tensor's dtype
+/// (the elementwise numerics run in double).
+double at(const Tensor& t, std::int64_t i);
+void set(const Tensor& t, std::int64_t i, double v);
+/// RMSNorm without a learnable scale, eps 1e-6: y = x / rms(x) per row; rms (f64 [rows]) saved.
+void rmsnorm(Rank& rank, const Tensor& x, const Tensor& y, const Tensor& rms);
+/// Its backward: accum += (dy − x̂·mean(dy·x̂)) / rms, x̂ = x / rms.
+void rmsnorm_backward(Rank& rank, const Tensor& x, const Tensor& rms, const Tensor& dy,
+                      const Tensor& accum);
 
 }  // namespace cocemu::layers::detail

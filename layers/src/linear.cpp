@@ -149,6 +149,31 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
 
 }  // namespace
 
+namespace {
+
+/// Rebinds a parameter to views of contiguous buffers (see ColumnParallelLinear::bind).
+void bind_views(const Rank& rank, const char* what, Tensor& weight, Tensor& main_grad,
+                const Tensor& new_weight, const Tensor& new_grad) {
+  COCEMU_CHECK_ARG(new_weight.shape() == weight.shape() && new_weight.dtype() == weight.dtype() &&
+                       new_grad.shape() == weight.shape() && new_grad.dtype() == main_grad.dtype(),
+                   "{}::bind on rank {}: weight {} and grad {} must be {}[{}] and {}[{}]", what,
+                   rank.id(), new_weight.describe(), new_grad.describe(), name_of(weight.dtype()),
+                   weight.shape().str(), name_of(main_grad.dtype()), weight.shape().str());
+  if (rank.numerics()) new_weight.copy_from(weight);
+  weight = new_weight;
+  main_grad = new_grad;
+}
+
+}  // namespace
+
+void ColumnParallelLinear::bind(const Tensor& weight, const Tensor& grad) {
+  bind_views(tp_.owner(), "ColumnParallelLinear", weight_, main_grad_, weight, grad);
+}
+
+void RowParallelLinear::bind(const Tensor& weight, const Tensor& grad) {
+  bind_views(tp_.owner(), "RowParallelLinear", weight_, main_grad_, weight, grad);
+}
+
 // ---------------------------------------------------------------------------------------------
 // ColumnParallelLinear
 
@@ -171,7 +196,7 @@ ColumnParallelLinear::ColumnParallelLinear(Group& tp, Tensor weight, Tensor bias
                    "ColumnParallelLinear: gather_output is not allowed "
                    "with sequence_parallel (Megatron asserts the same)");
   const Rank& r = tp.owner();
-  main_grad_ = alloc(r, weight_.shape(), DType::f32);
+  main_grad_ = alloc(r, weight_.shape(), detail::grad_dtype(weight_.dtype()));
   if (bias_.defined()) bias_grad_ = alloc(r, bias_.shape(), DType::f32);
 }
 
@@ -281,7 +306,7 @@ RowParallelLinear::RowParallelLinear(Group& tp, Tensor weight, Tensor bias, bool
                    "RowParallelLinear: sequence_parallel needs "
                    "input_is_parallel (Megatron asserts the same)");
   const Rank& r = tp.owner();
-  main_grad_ = alloc(r, weight_.shape(), DType::f32);
+  main_grad_ = alloc(r, weight_.shape(), detail::grad_dtype(weight_.dtype()));
   if (bias_.defined()) bias_grad_ = alloc(r, bias_.shape(), DType::f32);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 
 #include "cocemu/attention/local_attention.h"
 #include "cocemu/runtime/cost_model.h"
@@ -11,10 +12,13 @@
 namespace cocemu::layers {
 
 using detail::alloc;
+using detail::at;
+using detail::elementwise;
+using detail::rmsnorm;
+using detail::rmsnorm_backward;
+using detail::set;
 
 namespace {
-
-constexpr double kEps = 1e-6;
 
 Tensor random(const Shape& s, DType t, std::uint64_t seed, double scale) {
   std::mt19937_64 rng(seed);
@@ -23,25 +27,6 @@ Tensor random(const Shape& s, DType t, std::uint64_t seed, double scale) {
   for (auto& x : v)
     x = d(rng);
   return Tensor::from<double>(s, v, t);
-}
-
-/// Elementwise work on the compute stream, in the acc type of the tensors' dtype.
-template <class Fn>
-void elementwise(Rank& rank, const std::string& name, std::uint64_t bytes, Fn fn) {
-  rank.current_stream().launch(
-      {.name = name, .cls = OpClass::compute, .work_ns = memory_ns(rank.profile(), bytes)},
-      std::move(fn));
-}
-
-// The numerics below run in double and round once per element to the tensor dtype.
-double at(const Tensor& t, std::int64_t i) {
-  return t.item(i);
-}
-void set(const Tensor& t, std::int64_t i, double v) {
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    t.data<T>()[i] = store_as<T>(acc_t<T>(v));
-  });
 }
 
 double gelu(double x) {
@@ -74,6 +59,30 @@ struct TransformerLayer::Saved {
   Tensor x, n1, rms1, q, k, v, attn, lse, h1, n2, rms2, up, act;
   std::vector<std::int64_t> pos;
 };
+
+struct TransformerLayer::Context {
+  std::shared_ptr<Saved> layer;
+  ColumnParallelLinear::Saved qkv, up;
+  Tensor out, down;
+};
+
+std::shared_ptr<TransformerLayer::Context> TransformerLayer::take_context() {
+  COCEMU_CHECK_ARG(saved_, "TransformerLayer::take_context on rank {}: no forward to take",
+                   tp_.owner().id());
+  return std::make_shared<Context>(Context{std::exchange(saved_, nullptr), qkv_->take_saved(),
+                                           up_->take_saved(), out_->take_saved(),
+                                           down_->take_saved()});
+}
+
+void TransformerLayer::restore_context(std::shared_ptr<Context> c) {
+  COCEMU_CHECK_ARG(c && c->layer, "TransformerLayer::restore_context on rank {}: empty context",
+                   tp_.owner().id());
+  saved_ = c->layer;
+  qkv_->restore_saved(c->qkv);
+  up_->restore_saved(c->up);
+  out_->restore_saved(c->out);
+  down_->restore_saved(c->down);
+}
 
 TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
                                    const TransformerWeights& w)
@@ -128,45 +137,6 @@ TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
   down_ = std::make_unique<RowParallelLinear>(tp, col_block(w.down, r * fl, fl), Tensor(),
                                               c.sequence_parallel);
 }
-
-namespace {
-
-/// RMSNorm forward: y = x / rms(x) per row; saves rms.
-void rmsnorm(Rank& rank, const Tensor& x, const Tensor& y, const Tensor& rms) {
-  elementwise(rank, "rmsnorm", 2 * x.nbytes(), [=] {
-    const std::int64_t m = x.size(0), h = x.size(1);
-    for (std::int64_t i = 0; i < m; ++i) {
-      double ss = 0;
-      for (std::int64_t j = 0; j < h; ++j)
-        ss += at(x, i * h + j) * at(x, i * h + j);
-      const double r = std::sqrt(ss / double(h) + kEps);
-      rms.data<double>()[i] = r;
-      for (std::int64_t j = 0; j < h; ++j)
-        set(y, i * h + j, at(x, i * h + j) / r);
-    }
-  });
-}
-
-/// RMSNorm backward (no scale): dx = (dy − x̂·mean(dy·x̂)) / rms, added to `accum`.
-void rmsnorm_backward(Rank& rank, const Tensor& x, const Tensor& rms, const Tensor& dy,
-                      const Tensor& accum) {
-  elementwise(rank, "rmsnorm backward", 3 * x.nbytes(), [=] {
-    const std::int64_t m = x.size(0), h = x.size(1);
-    for (std::int64_t i = 0; i < m; ++i) {
-      const double r = rms.data<double>()[i];
-      double dot = 0;
-      for (std::int64_t j = 0; j < h; ++j)
-        dot += at(dy, i * h + j) * at(x, i * h + j) / r;
-      dot /= double(h);
-      for (std::int64_t j = 0; j < h; ++j) {
-        const double xh = at(x, i * h + j) / r;
-        set(accum, i * h + j, at(accum, i * h + j) + (at(dy, i * h + j) - xh * dot) / r);
-      }
-    }
-  });
-}
-
-}  // namespace
 
 namespace {
 

@@ -9,17 +9,19 @@
 ///  RowParallelLinear: Y = X·Wᵀ + b, W [n, k/tp] (input features sharded).
 ///    no SP: forward = matmul + all_reduce; backward = matmul.
 ///    SP:    forward = matmul + reduce_scatter; backward = all_gather(grad output) + matmul.
-/// Bias is added once, after any reduction. Weight gradients accumulate into a persistent f32
-/// `main_grad`. Each communicating pass runs with a strategy: serial, script (P chunks over the
-/// compute and comm streams, MindSpeed's chunk layouts and reorders) or fused (one tile-pipelined
-/// kernel on symmetric memory, see fused_kernels.h). In deterministic mode every strategy gives
-/// the same bits: GEMMs are tiling-invariant (det_gemm) and reductions sum in rank order.
+/// Bias is added once, after any reduction. Weight gradients accumulate into a persistent f32 (f64
+/// for f64 weights) `main_grad`. Each communicating pass runs with a strategy: serial, script (P
+/// chunks over the compute and comm streams, MindSpeed's chunk layouts and reorders) or fused (one
+/// tile-pipelined kernel on symmetric memory, see fused_kernels.h). In deterministic mode every
+/// strategy gives the same bits: GEMMs are tiling-invariant (det_gemm) and reductions sum in rank
+/// order.
 ///
 /// m not divisible by P (or by tp·P where the reorder needs it): the script strategy uses the
 /// largest P' in {8, 4, 2, 1} not above P that divides it (identical results; the trace name
 /// shows the P actually used).
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "cocemu/collectives/group.h"
 #include "cocemu/layers/coc_config.h"
@@ -66,6 +68,21 @@ class ColumnParallelLinear {
   const Tensor& weight() const { return weight_; }
   const Tensor& main_grad() const { return main_grad_; }
   const Tensor& bias_grad() const { return bias_grad_; }
+  /// What the backward needs from one forward. A pipeline keeps one per micro-batch in flight:
+  /// take it after the forward, restore it before that micro-batch's backward.
+  struct Saved {
+    Tensor input;
+    bool gathered = false;
+  };
+  Saved take_saved() { return {std::exchange(saved_input_, Tensor()), saved_is_gathered_}; }
+  void restore_saved(Saved s) {
+    saved_input_ = std::move(s.input);
+    saved_is_gathered_ = s.gathered;
+  }
+  /// Moves the weight into `weight` and the gradient into `grad` (views of a model's contiguous
+  /// parameter and f32 gradient buffers, as Megatron's DDP lays them out); same shapes, the
+  /// weight's values are copied.
+  void bind(const Tensor& weight, const Tensor& grad);
 
  private:
   Group tp_;
@@ -86,6 +103,10 @@ class RowParallelLinear {
   const Tensor& weight() const { return weight_; }
   const Tensor& main_grad() const { return main_grad_; }
   const Tensor& bias_grad() const { return bias_grad_; }
+  Tensor take_saved() { return std::exchange(saved_input_, Tensor()); }
+  void restore_saved(Tensor input) { saved_input_ = std::move(input); }
+  /// As ColumnParallelLinear::bind.
+  void bind(const Tensor& weight, const Tensor& grad);
 
  private:
   Group tp_;

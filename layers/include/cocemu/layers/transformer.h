@@ -56,6 +56,17 @@ class TransformerLayer {
   const RowParallelLinear& attn_out() const { return *out_; }
   const ColumnParallelLinear& mlp_up() const { return *up_; }
   const RowParallelLinear& mlp_down() const { return *down_; }
+  ColumnParallelLinear& qkv() { return *qkv_; }
+  RowParallelLinear& attn_out() { return *out_; }
+  ColumnParallelLinear& mlp_up() { return *up_; }
+  RowParallelLinear& mlp_down() { return *down_; }
+
+  /// Everything one forward keeps for its backward (the layer's and its linears'). A pipeline
+  /// holds one per micro-batch in flight: take it after a forward, restore it before that
+  /// micro-batch's backward. Dropping it (full recompute) frees those activations.
+  struct Context;
+  std::shared_ptr<Context> take_context();
+  void restore_context(std::shared_ptr<Context> context);
 
  private:
   struct Saved;

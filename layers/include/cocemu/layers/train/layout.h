@@ -1,0 +1,76 @@
+#pragma once
+/// A training layout: how a decoder model is spread over tp × cp × dp × pp ranks (plus virtual
+/// pipeline stages), how a global batch is cut into micro-batches, and which memory and overlap
+/// features are on. The names follow Megatron/MindSpeed; MindFormers' `parallel_config` keys map
+/// onto them (see train/config.h). `check_layout` applies Megatron's assertions and MindFormers'
+/// rules (R-TR-2): every violation is an error naming the numbers; what MindFormers only warns
+/// about comes back as warnings.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cocemu/layers/coc_config.h"
+#include "cocemu/runtime/dtype.h"
+
+namespace cocemu::layers::train {
+
+enum class PipelineSchedule : std::uint8_t { gpipe, one_f_one_b, interleaved };
+enum class Recompute : std::uint8_t { none, selective, full };
+const char* to_string(PipelineSchedule s);
+const char* to_string(Recompute r);
+PipelineSchedule parse_schedule(const std::string& name);  ///< gpipe, 1f1b, interleaved
+Recompute parse_recompute(const std::string& name);        ///< none, selective, full
+
+/// The decoder's shapes (a `configs/models/*.yaml` plus vocabulary and depth).
+struct DecoderShape {
+  std::string name = "tiny";
+  std::int64_t hidden = 64, heads = 4, kv_heads = 0, ffn = 256, num_layers = 4, vocab = 256;
+  std::int64_t seq = 32;
+  bool swiglu = true;
+  std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
+};
+
+struct TrainLayout {
+  int tp = 1, cp = 1, dp = 1, pp = 1;
+  int vpp = 1;                        ///< model chunks per stage (interleaved 1F1B)
+  std::int64_t micro_batch_size = 1;  ///< sequences per micro-batch (per dp rank)
+  std::int64_t global_batch_size = 1;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = true;
+  bool distributed_optimizer = false;  ///< Megatron's --use-distributed-optimizer
+  bool gradients_mean = true;          ///< divide reduced gradients by dp
+  int micro_batch_interleave = 1;      ///< MindSpore's micro_batch_interleave_num (1 or 2)
+  /// Gradient buckets: the DP reduction of a bucket starts when its last gradient is ready.
+  /// bucket_params > 0 (MindFormers' gradient_aggregation_group): that many parameters per
+  /// bucket; else bucket_mb of f32 gradients per bucket (Megatron's DDP bucket).
+  int bucket_params = 0;
+  double bucket_mb = 40.0 * 4;  ///< Megatron's default bucket of 40 M f32 elements
+  /// Explicit layers per stage (pp entries summing to num_layers); empty: an even split.
+  std::vector<std::int64_t> stage_layers;
+  DType dtype = DType::bf16;
+  Strategy coc = Strategy::serial;  ///< CoC strategy of the TP linears
+  int coc_parallel_num = 1;         ///< script strategy: chunks
+
+  int world() const { return tp * cp * dp * pp; }
+  std::int64_t micro_batches() const { return global_batch_size / (micro_batch_size * dp); }
+  /// "tp2 cp1 dp2 pp2 vpp1 mbs1 gbs8 1f1b"
+  std::string describe() const;
+};
+
+struct LayoutCheck {
+  std::vector<std::string> warnings;
+};
+/// Throws Errc::invalid_argument with the numbers for any impossible layout on `world_size`
+/// devices; returns MindFormers' warnings (e.g. layers not divisible by stages with an explicit
+/// split).
+LayoutCheck check_layout(const DecoderShape& model, const TrainLayout& layout, int world_size);
+
+/// Layers of stage s, chunk c: [first, first + count) in model order. Megatron's interleaved
+/// assignment: chunk c of stage s holds the (c·pp + s)-th block of layers.
+struct LayerRange {
+  std::int64_t first = 0, count = 0;
+};
+LayerRange layers_of(const DecoderShape& model, const TrainLayout& layout, int stage, int chunk);
+
+}  // namespace cocemu::layers::train

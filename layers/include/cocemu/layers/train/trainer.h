@@ -1,0 +1,75 @@
+#pragma once
+/// The training step on the emulated ranks (R-TR-1..6): a decoder of transformer layers with
+/// Megatron's vocab-parallel embedding and cross-entropy, pipeline stages fed by p2p transfers,
+/// gradient accumulation over micro-batches, bucketed data-parallel gradient reduction that
+/// overlaps the backward, and Adam on fp32 master weights — optionally sharded over dp
+/// (Megatron's distributed optimizer).
+///
+/// Streams per rank: compute; TP collectives on the comm stream; DP reductions on their own
+/// stream ("dp comm", PyTorch gives each process group its own); every pipeline transfer on a
+/// stream of its own link and direction ("pp fwd in", "pp fwd out", "pp bwd in", "pp bwd out").
+/// The host enqueues a whole iteration without blocking; events order the streams, so the
+/// modeled timeline shows the pipeline as the schedule lays it out.
+///
+/// What is not modeled yet: context parallelism inside the training step, selective recompute
+/// and MindSpore's micro_batch_interleave_num = 2 (rejected with an error that says so), tied
+/// embeddings (the LM head is untied, as LLaMA's), gradient clipping (the global gradient norm
+/// is computed and all-reduced every iteration, as Megatron logs it, but not applied: clipping
+/// by a norm whose partial sums depend on the stage split would make pipeline layouts differ in
+/// the last bits).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cocemu/layers/linear.h"
+#include "cocemu/layers/train/layout.h"
+#include "cocemu/layers/train/pipeline.h"
+#include "cocemu/runtime/world.h"
+
+namespace cocemu::layers::train {
+
+struct Adam {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+};
+
+struct TrainOptions {
+  DecoderShape model;
+  TrainLayout layout;
+  int iterations = 3;
+  std::uint64_t seed = 1;  ///< weights and data
+  Adam adam;
+  /// The TP linears' CoC options (strategy, tiling; `per_shape` for a tuned config).
+  LinearOptions linear;
+};
+
+/// One forward or backward of the pipeline picture: a rank's ops [first_op, end_op) in its
+/// record (the last iteration).
+struct PipelineBlock {
+  int rank = 0, stage = 0;
+  PipelineAction action;
+  std::uint32_t first_op = 0, end_op = 0;
+};
+
+struct TrainResult {
+  std::vector<double> loss;       ///< per iteration, mean over micro-batches and dp; empty dry
+  std::vector<double> grad_norm;  ///< per iteration, the global gradient norm; empty dry
+  /// Updated parameters of the dp-rank-0, cp-rank-0 ranks: "layer3.mlp.up tp1" → shard.
+  std::map<std::string, Tensor> weights;
+  std::vector<PipelineBlock> blocks;
+  /// Per rank, the index of its first op of each iteration (to cut the timeline).
+  std::vector<std::vector<std::uint32_t>> iteration_first_op;
+  std::int64_t padded_vocab = 0;
+  std::vector<std::string> warnings;
+  RunResult run;
+};
+
+/// Megatron's padded vocabulary: a multiple of 128 × tp.
+std::int64_t padded_vocab(std::int64_t vocab, int tp);
+
+/// Runs `options.iterations` training iterations on layout.world() ranks. `world` gives the
+/// profile, numerics (false: a dry run) and determinism; its n_ranks is ignored.
+TrainResult train(const TrainOptions& options, WorldOptions world);
+
+}  // namespace cocemu::layers::train

@@ -1,0 +1,349 @@
+#include "parts.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/error.h"
+#include "kernels.h"
+
+namespace cocemu::layers::train::detail {
+
+using layers::detail::alloc;
+using layers::detail::at;
+using layers::detail::elementwise;
+using layers::detail::set;
+
+namespace {
+
+/// SplitMix64: a token id per (seed, sample, position), independent of how ranks split the batch.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Batch make_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t seq, std::int64_t batch,
+                 std::int64_t first_sample) {
+  Batch b;
+  b.tokens.resize(std::size_t(seq * batch));
+  b.labels.resize(b.tokens.size());
+  for (std::int64_t bi = 0; bi < batch; ++bi) {
+    const std::uint64_t sample = std::uint64_t(first_sample + bi);
+    auto token = [&](std::int64_t pos) {
+      return std::int32_t(mix(seed ^ mix(sample * 1000003ULL + std::uint64_t(pos))) %
+                          std::uint64_t(vocab));
+    };
+    for (std::int64_t s = 0; s < seq; ++s) {
+      b.tokens[std::size_t(s * batch + bi)] = token(s);
+      b.labels[std::size_t(s * batch + bi)] = token(s + 1);
+    }
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// VocabEmbedding
+
+VocabEmbedding::VocabEmbedding(Group& tp, const Tensor& full, bool sp) : tp_(tp), sp_(sp) {
+  const Rank& rank = tp.owner();
+  const std::int64_t vl = full.size(0) / tp.size();
+  first_row_ = vl * tp.rank();
+  weight_ = alloc(rank, {vl, full.size(1)}, full.dtype());
+  grad_ = alloc(rank, weight_.shape(), layers::detail::grad_dtype(full.dtype()));
+  if (rank.numerics()) weight_.copy_from(full.rows(first_row_, first_row_ + vl));
+}
+
+Tensor VocabEmbedding::forward(const std::shared_ptr<const Batch>& batch, std::int64_t rows) {
+  Rank& rank = tp_.owner();
+  const std::int64_t h = weight_.size(1), ws = tp_.size();
+  Tensor local = alloc(rank, {rows, h}, weight_.dtype());
+  elementwise(rank, "embedding lookup", 2 * local.nbytes(), [=, w = weight_, first = first_row_] {
+    const std::int64_t vl = w.size(0);
+    const std::size_t row_bytes = std::size_t(h) * size_of(w.dtype());
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t id = batch->tokens[std::size_t(i)] - first;
+      if (id < 0 || id >= vl) continue;  // another rank's rows: zeros
+      std::memcpy(static_cast<char*>(local.raw()) + std::size_t(i) * row_bytes,
+                  static_cast<const char*>(w.raw()) + std::size_t(id) * row_bytes, row_bytes);
+    }
+  });
+  if (!sp_) {
+    all_reduce(tp_, local, {.label = "embedding"});
+    return local;
+  }
+  Tensor out = alloc(rank, {rows / ws, h}, weight_.dtype());
+  reduce_scatter(tp_, out, local, {.label = "embedding"});
+  return out;
+}
+
+void VocabEmbedding::backward(const std::shared_ptr<const Batch>& batch, const Tensor& dy) {
+  Rank& rank = tp_.owner();
+  Tensor full = dy;
+  if (sp_) {
+    full = alloc(rank, {dy.size(0) * tp_.size(), dy.size(1)}, dy.dtype());
+    all_gather(tp_, full, dy, {.label = "embedding grad"});
+  }
+  elementwise(rank, "embedding grad", 3 * full.nbytes(), [=, g = grad_, first = first_row_] {
+    const std::int64_t vl = g.size(0), h = g.size(1);
+    for (std::int64_t i = 0; i < full.size(0); ++i) {
+      const std::int64_t id = batch->tokens[std::size_t(i)] - first;
+      if (id < 0 || id >= vl) continue;
+      for (std::int64_t j = 0; j < h; ++j)
+        set(g, id * h + j, at(g, id * h + j) + at(full, i * h + j));
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// VocabLoss
+
+struct VocabLoss::Saved {
+  Tensor x, normed, rms, logits, row_max, target, sum_exp;
+  ColumnParallelLinear::Saved head;
+  std::shared_ptr<const Batch> batch;
+};
+
+VocabLoss::VocabLoss(Group& tp, const Tensor& head_shard, std::int64_t vocab_first, bool sp,
+                     DType dtype)
+    : tp_(tp),
+      head_(std::make_unique<ColumnParallelLinear>(tp, head_shard, Tensor(), sp)),
+      vocab_first_(vocab_first),
+      sp_(sp),
+      dtype_(dtype) {}
+
+std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
+                                                     const std::shared_ptr<const Batch>& batch,
+                                                     const LinearOptions& o,
+                                                     std::shared_ptr<double> loss) {
+  Rank& rank = tp_.owner();
+  auto s = std::make_shared<Saved>();
+  s->x = x;
+  s->batch = batch;
+  s->normed = alloc(rank, x.shape(), dtype_);
+  s->rms = alloc(rank, {x.size(0)}, DType::f64);
+  layers::detail::rmsnorm(rank, x, s->normed, s->rms);
+  LinearOptions lo = o;
+  lo.label = "lm head";
+  s->logits = head_->forward(s->normed, lo);  // [m, V/tp]
+  s->head = head_->take_saved();
+  const std::int64_t m = s->logits.size(0), vl = s->logits.size(1);
+  // Megatron's vocab_parallel_cross_entropy, in f32 (f64 for f64 models).
+  const DType acc = dtype_ == DType::f64 ? DType::f64 : DType::f32;
+  s->row_max = alloc(rank, {m}, acc);
+  s->target = alloc(rank, {m}, acc);
+  s->sum_exp = alloc(rank, {m}, acc);
+  elementwise(rank, "cross-entropy max", s->logits.nbytes(), [s, m, vl] {
+    for (std::int64_t i = 0; i < m; ++i) {
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j < vl; ++j)
+        mx = std::max(mx, at(s->logits, i * vl + j));
+      set(s->row_max, i, mx);
+    }
+  });
+  all_reduce(tp_, s->row_max, {.op = ReduceOp::max, .label = "cross-entropy max"});
+  elementwise(rank, "cross-entropy target", s->logits.nbytes(), [s, m, vl, first = vocab_first_] {
+    for (std::int64_t i = 0; i < m; ++i) {
+      const std::int64_t id = s->batch->labels[std::size_t(i)] - first;
+      set(s->target, i, id >= 0 && id < vl ? at(s->logits, i * vl + id) - at(s->row_max, i) : 0.0);
+    }
+  });
+  all_reduce(tp_, s->target, {.label = "cross-entropy target"});
+  elementwise(rank, "cross-entropy exp-sum", s->logits.nbytes(), [s, m, vl] {
+    for (std::int64_t i = 0; i < m; ++i) {
+      const double mx = at(s->row_max, i);
+      double sum = 0;
+      for (std::int64_t j = 0; j < vl; ++j)
+        sum += std::exp(at(s->logits, i * vl + j) - mx);
+      set(s->sum_exp, i, sum);
+    }
+  });
+  all_reduce(tp_, s->sum_exp, {.label = "cross-entropy exp-sum"});
+  elementwise(rank, "cross-entropy loss", 3 * std::uint64_t(m) * size_of(acc), [s, m, loss] {
+    double total = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      total += std::log(at(s->sum_exp, i)) - at(s->target, i);
+    *loss = total / double(m);
+  });
+  return s;
+}
+
+Tensor VocabLoss::backward(const std::shared_ptr<Saved>& s, double scale, const LinearOptions& o) {
+  Rank& rank = tp_.owner();
+  Tensor dlogits = alloc(rank, s->logits.shape(), dtype_);
+  const std::int64_t m = s->logits.size(0);
+  elementwise(rank, "cross-entropy grad", 2 * s->logits.nbytes(),
+              [s, dlogits, scale, first = vocab_first_] {
+                const std::int64_t rows = dlogits.size(0), vl = dlogits.size(1);
+                const double per_token = scale / double(rows);
+                for (std::int64_t i = 0; i < rows; ++i) {
+                  const double mx = at(s->row_max, i), z = at(s->sum_exp, i);
+                  const std::int64_t id = s->batch->labels[std::size_t(i)] - first;
+                  for (std::int64_t j = 0; j < vl; ++j) {
+                    const double p = std::exp(at(s->logits, i * vl + j) - mx) / z;
+                    set(dlogits, i * vl + j, (p - (j == id ? 1.0 : 0.0)) * per_token);
+                  }
+                }
+              });
+  (void)m;
+  head_->restore_saved(s->head);
+  LinearOptions lo = o;
+  lo.label = "lm head";
+  Tensor dnormed = head_->backward(dlogits, lo);
+  Tensor dx = alloc(rank, s->x.shape(), dtype_);
+  layers::detail::rmsnorm_backward(rank, s->x, s->rms, dnormed, dx);
+  return dx;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ParamBuffers
+
+ParamBuffers::ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp,
+                           int dp_rank, bool sharded, int bucket_params, double bucket_mb)
+    : rank_(rank),
+      slots_(std::move(slots)),
+      dtype_(dtype),
+      grad_dtype_(layers::detail::grad_dtype(dtype)),
+      dp_(dp),
+      dp_rank_(dp_rank),
+      sharded_(sharded) {
+  // Buckets in slot order (the order the backward finalizes gradients), each closed when it
+  // holds `bucket_params` parameters or `bucket_mb` of gradients; padded to a multiple of dp
+  // when the optimizer is sharded (Megatron pads its buckets the same way).
+  const std::int64_t cap =
+      std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1e6 / double(size_of(grad_dtype_))));
+  bucket_of_.resize(slots_.size());
+  Bucket cur;
+  std::int64_t state = 0;
+  auto close = [&](int end) {
+    cur.end_param = end;
+    if (sharded_) cur.numel = (cur.numel + dp_ - 1) / dp_ * dp_;
+    cur.state_offset = state;
+    state += sharded_ ? cur.numel / dp_ : cur.numel;
+    buckets_.push_back(cur);
+    cur = Bucket{.offset = cur.offset + cur.numel, .first_param = end, .end_param = end};
+  };
+  for (int i = 0; i < int(slots_.size()); ++i) {
+    auto& slot = slots_[std::size_t(i)];
+    slot.offset = cur.offset + cur.numel;
+    cur.numel += slot.numel;
+    bucket_of_[std::size_t(i)] = int(buckets_.size());
+    const int held = i + 1 - cur.first_param;
+    if ((bucket_params > 0 && held >= bucket_params) || (bucket_params == 0 && cur.numel >= cap))
+      close(i + 1);
+  }
+  if (cur.numel > 0) close(int(slots_.size()));
+  const std::int64_t total = buckets_.empty() ? 0 : buckets_.back().offset + buckets_.back().numel;
+  params_ = alloc(rank, {total}, dtype_);
+  grads_ = alloc(rank, {total}, grad_dtype_);
+  if (sharded_) {
+    grad_shard_ = alloc(rank, {state}, grad_dtype_);
+    param_shard_ = alloc(rank, {state}, dtype_);
+  }
+  master_ = alloc(rank, {state}, grad_dtype_);
+  exp_avg_ = alloc(rank, {state}, grad_dtype_);
+  exp_avg_sq_ = alloc(rank, {state}, grad_dtype_);
+}
+
+Tensor ParamBuffers::param(int i) const {
+  const auto& s = slots_[std::size_t(i)];
+  return params_.flat(s.offset, s.offset + s.numel).reshape(s.shape);
+}
+
+Tensor ParamBuffers::grad(int i) const {
+  const auto& s = slots_[std::size_t(i)];
+  return grads_.flat(s.offset, s.offset + s.numel).reshape(s.shape);
+}
+
+std::int64_t ParamBuffers::owned_offset(const Bucket& b) const {
+  return sharded_ ? b.offset + dp_rank_ * (b.numel / dp_) : b.offset;
+}
+
+std::int64_t ParamBuffers::owned_numel(const Bucket& b) const {
+  return sharded_ ? b.numel / dp_ : b.numel;
+}
+
+void ParamBuffers::init_master() {
+  if (!rank_.numerics()) return;
+  for (const auto& b : buckets_) {
+    const std::int64_t first = owned_offset(b), n = owned_numel(b);
+    master_.flat(b.state_offset, b.state_offset + n).copy_from(params_.flat(first, first + n));
+  }
+}
+
+void ParamBuffers::zero_grad() {
+  elementwise(rank_, "zero grad buffer", grads_.nbytes(), [g = grads_] { g.fill_zero(); });
+  for (auto& b : buckets_)
+    b.pending = b.end_param - b.first_param;
+  reductions_.clear();
+}
+
+void ParamBuffers::grad_ready(int i, Group& dp) {
+  Bucket& b = buckets_[std::size_t(bucket_of_[std::size_t(i)])];
+  COCEMU_CHECK_ARG(b.pending > 0, "ParamBuffers on rank {}: gradient of {} finalized twice",
+                   rank_.id(), slots_[std::size_t(i)].name);
+  if (--b.pending > 0 || dp_ == 1) return;  // dp 1: nothing to reduce
+  const int index = int(&b - buckets_.data());
+  const Tensor bucket = grads_.flat(b.offset, b.offset + b.numel);
+  const std::string label = fmt::format("grad bucket {}", index);
+  if (sharded_)
+    reductions_.push_back(
+        reduce_scatter(dp, grad_shard_.flat(b.state_offset, b.state_offset + b.numel / dp_), bucket,
+                       {.async_op = true, .label = label}));
+  else
+    reductions_.push_back(all_reduce(dp, bucket, {.async_op = true, .label = label}));
+}
+
+void ParamBuffers::finish_reductions() {
+  for (const auto& b : buckets_)
+    COCEMU_CHECK_ARG(b.pending == 0,
+                     "ParamBuffers on rank {}: optimizer step with {} gradients of parameters "
+                     "[{}, {}) not finalized",
+                     rank_.id(), b.pending, b.first_param, b.end_param);
+  for (const auto& w : reductions_)
+    w.wait();
+  reductions_.clear();
+  if (sharded_ && dp_ == 1)  // nothing to reduce: the shard is the whole bucket
+    elementwise(rank_, "grad shard copy", 2 * grads_.nbytes(),
+                [g = grads_, s = grad_shard_] { s.copy_from(g); });
+}
+
+void ParamBuffers::update(Group& dp, int step, const AdamOptions& a, bool gradients_mean) {
+  const double scale = gradients_mean ? 1.0 / double(dp_) : 1.0;
+  const double c1 = 1 - std::pow(a.beta1, step), c2 = 1 - std::pow(a.beta2, step);
+  for (const auto& b : buckets_) {
+    const std::int64_t first = owned_offset(b), n = owned_numel(b), s0 = b.state_offset;
+    const Tensor g = sharded_ ? grad_shard_.flat(s0, s0 + n) : grads_.flat(first, first + n);
+    const Tensor p = sharded_ ? param_shard_.flat(s0, s0 + n) : params_.flat(first, first + n);
+    const std::uint64_t bytes =
+        std::uint64_t(n) * (7 * size_of(grad_dtype_) + size_of(dtype_));  // 4 reads, 3+1 writes
+    elementwise(rank_, "adam", bytes,
+                [=, master = master_.flat(s0, s0 + n), m = exp_avg_.flat(s0, s0 + n),
+                 v = exp_avg_sq_.flat(s0, s0 + n)] {
+                  for (std::int64_t i = 0; i < n; ++i) {
+                    const double gi = at(g, i) * scale;
+                    const double mi = a.beta1 * at(m, i) + (1 - a.beta1) * gi;
+                    const double vi = a.beta2 * at(v, i) + (1 - a.beta2) * gi * gi;
+                    set(m, i, mi);
+                    set(v, i, vi);
+                    const double w =
+                        at(master, i) - a.lr * (at(m, i) / c1) / (std::sqrt(at(v, i) / c2) + a.eps);
+                    set(master, i, w);
+                    set(p, i, at(master, i));
+                  }
+                });
+    if (sharded_)
+      all_gather(dp, params_.flat(b.offset, b.offset + b.numel), p,
+                 {.label = fmt::format("param bucket {}", int(&b - buckets_.data()))});
+  }
+}
+
+}  // namespace cocemu::layers::train::detail

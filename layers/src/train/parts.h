@@ -1,0 +1,133 @@
+#pragma once
+// The parts of the decoder model that are not transformer layers — Megatron's vocab-parallel
+// embedding, the final norm with the vocab-parallel LM head and cross-entropy — and the
+// parameter buffers the optimizer and the data-parallel gradient reduction work on.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cocemu/collectives/group.h"
+#include "cocemu/collectives/ops.h"
+#include "cocemu/layers/linear.h"
+#include "cocemu/runtime/tensor.h"
+
+namespace cocemu::layers::train::detail {
+
+/// One micro-batch of synthetic data: token ids and next-token labels, rows in (s, b) order
+/// (Megatron's [s, b, h] activations flattened), the same on every rank that asks.
+struct Batch {
+  std::vector<std::int32_t> tokens, labels;
+};
+Batch make_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t seq, std::int64_t batch,
+                 std::int64_t first_sample);
+
+/// Megatron's VocabParallelEmbedding: rank r of the TP group holds rows [r·V/tp, (r+1)·V/tp) of
+/// the table; a lookup outside them gives zeros, and the TP reduction (reduce_scatter along the
+/// sequence with SP, else all_reduce) completes every row. Backward all-gathers the gradient (SP)
+/// and adds each row into the table gradient, in row order.
+class VocabEmbedding {
+ public:
+  VocabEmbedding(Group& tp, const Tensor& full_table, bool sequence_parallel);
+  /// `rows` = seq × micro-batch (the batch is not read in a dry run).
+  Tensor forward(const std::shared_ptr<const Batch>& batch, std::int64_t rows);
+  void backward(const std::shared_ptr<const Batch>& batch, const Tensor& dy);
+  Tensor& weight() { return weight_; }
+  Tensor& grad() { return grad_; }
+
+ private:
+  Group tp_;
+  Tensor weight_, grad_;
+  std::int64_t first_row_ = 0;
+  bool sp_;
+};
+
+/// Final RMSNorm, the vocab-parallel LM head (a column-parallel linear, SP all-gather inside)
+/// and Megatron's vocab-parallel cross-entropy (all_reduce of the row max, of the target logit
+/// and of the exp-sums over TP). The loss of a micro-batch is the mean over its tokens; its
+/// gradient is scaled by 1/micro_batches, as Megatron scales each micro-batch's loss.
+class VocabLoss {
+ public:
+  VocabLoss(Group& tp, const Tensor& head_shard, std::int64_t vocab_first, bool sequence_parallel,
+            DType dtype);
+  struct Saved;
+  /// x: the last layer's output. Writes the micro-batch loss to *loss when it has run.
+  std::shared_ptr<Saved> forward(const Tensor& x, const std::shared_ptr<const Batch>& batch,
+                                 const LinearOptions& o, std::shared_ptr<double> loss);
+  /// The gradient with respect to x, for a loss scaled by `scale`.
+  Tensor backward(const std::shared_ptr<Saved>& saved, double scale, const LinearOptions& o);
+  ColumnParallelLinear& head() { return *head_; }
+
+ private:
+  Group tp_;
+  std::unique_ptr<ColumnParallelLinear> head_;
+  std::int64_t vocab_first_;
+  bool sp_;
+  DType dtype_;
+};
+
+/// One parameter in a model's contiguous buffers.
+struct ParamSlot {
+  std::string name;
+  std::int64_t offset = 0, numel = 0;
+  Shape shape;
+};
+
+/// A gradient bucket: a contiguous range of the buffers (padded to a multiple of dp when the
+/// optimizer is sharded), reduced over DP as soon as its last parameter's gradient is final.
+struct Bucket {
+  std::int64_t offset = 0, numel = 0;
+  std::int64_t state_offset = 0;  ///< where its (owned part of the) optimizer state starts
+  int first_param = 0, end_param = 0;
+  int pending = 0;  ///< parameters whose gradients are not final yet (this iteration)
+};
+
+struct AdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+};
+
+/// Megatron's DDP grad buffer and (distributed) optimizer for one rank's parameters: parameters
+/// (model dtype) and gradients (f32; f64 for f64 models) in contiguous buffers, in the order the
+/// backward finalizes them, cut into buckets; Adam on f32 (f64) master weights — all of them, or
+/// with `sharded` this DP rank's 1/dp of every bucket, followed by an all-gather of the
+/// parameters.
+class ParamBuffers {
+ public:
+  ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp, int dp_rank,
+               bool sharded, int bucket_params, double bucket_mb);
+  Tensor param(int i) const;
+  Tensor grad(int i) const;
+  const std::vector<ParamSlot>& slots() const { return slots_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// Start of an iteration: gradients to zero, every bucket pending.
+  void zero_grad();
+  /// Parameter i's gradient is final: launches its bucket's reduction when it was the last one.
+  void grad_ready(int i, Group& dp);
+  /// After the backward: the current stream waits for every bucket's reduction.
+  void finish_reductions();
+  /// The gradients this rank updates (all of them, or its shards), reduced over DP.
+  Tensor owned_grads() const { return sharded_ ? grad_shard_ : grads_; }
+  /// Adam (step `step`, from 1) on the owned part; with sharding, all-gathers the parameters.
+  void update(Group& dp, int step, const AdamOptions& adam, bool gradients_mean);
+  /// Master weights from the parameters (once their values have been bound in).
+  void init_master();
+  /// The parameters' values (for reports and tests).
+  const Tensor& params() const { return params_; }
+
+ private:
+  std::int64_t owned_offset(const Bucket& b) const;  ///< the part this rank updates
+  std::int64_t owned_numel(const Bucket& b) const;
+  Rank& rank_;
+  std::vector<ParamSlot> slots_;
+  std::vector<int> bucket_of_;
+  std::vector<Bucket> buckets_;
+  std::vector<Work> reductions_;
+  DType dtype_, grad_dtype_;
+  int dp_, dp_rank_;
+  bool sharded_;
+  Tensor params_, grads_;
+  Tensor master_, exp_avg_, exp_avg_sq_;  ///< [total] or, sharded, Σ bucket shards
+  Tensor grad_shard_, param_shard_;       ///< sharded: this rank's slices, reduced / updated
+};
+
+}  // namespace cocemu::layers::train::detail

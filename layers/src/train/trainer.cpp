@@ -1,0 +1,404 @@
+#include "cocemu/layers/train/trainer.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <mutex>
+#include <random>
+
+#include "cocemu/collectives/ops.h"
+#include "cocemu/layers/transformer.h"
+#include "cocemu/runtime/error.h"
+#include "kernels.h"
+#include "parts.h"
+
+namespace cocemu::layers::train {
+
+using layers::detail::alloc;
+
+std::int64_t padded_vocab(std::int64_t vocab, int tp) {
+  const std::int64_t multiple = 128 * std::int64_t(tp);
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+namespace {
+
+Tensor random_table(const Shape& s, DType t, std::uint64_t seed, double scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0, scale);
+  std::vector<double> v(std::size_t(s.numel()));
+  for (auto& x : v)
+    x = d(rng);
+  return Tensor::from<double>(s, v, t);
+}
+
+/// What the ranks leave behind for `train` to assemble.
+struct Collected {
+  std::mutex mu;
+  // [iteration][dp rank][micro-batch]: each written by its last-stage, tp-0, cp-0 rank's kernel.
+  std::vector<std::vector<std::vector<std::shared_ptr<double>>>> loss;
+  std::vector<std::shared_ptr<double>> grad_norm;  // [iteration], rank 0's
+  std::map<std::string, Tensor> weights;
+  std::vector<PipelineBlock> blocks;
+  std::vector<std::vector<std::uint32_t>> iteration_first_op;
+};
+
+/// The p2p groups of this rank's pipeline links, each with its own stream (one per link and
+/// direction, so a receive waiting for its sender never holds up a transfer queued behind it).
+struct Links {
+  Group fwd_in, fwd_out, bwd_in, bwd_out;  // fwd_out: activations to the next stage, etc.
+  int fwd_in_peer = 0, fwd_out_peer = 0, bwd_in_peer = 0, bwd_out_peer = 0;
+};
+
+Links make_links(Rank& rank, const TrainLayout& l, int stage) {
+  Links links;
+  if (l.pp == 1) return links;
+  const int per_stage = l.world() / l.pp, q = rank.id() % per_stage;
+  const bool ring = l.vpp > 1;  // the last stage's chunk c feeds the first stage's chunk c + 1
+  const int n_links = ring ? l.pp : l.pp - 1;
+  for (int p = 0; p < per_stage; ++p)
+    for (int a = 0; a < n_links; ++a) {
+      const int b = (a + 1) % l.pp;
+      const std::vector<int> members{p + per_stage * a, p + per_stage * b};
+      Group fwd = new_group(rank, members, fmt::format("pp{}>{}", a, b));
+      Group bwd = new_group(rank, members, fmt::format("pp{}<{}", a, b));
+      if (p != q) continue;
+      if (stage == a) {
+        links.fwd_out = fwd;
+        links.fwd_out_peer = 1;
+        links.bwd_in = bwd;
+        links.bwd_in_peer = 1;
+      }
+      if (stage == b) {
+        links.fwd_in = fwd;
+        links.fwd_in_peer = 0;
+        links.bwd_out = bwd;
+        links.bwd_out_peer = 0;
+      }
+    }
+  for (auto [g, name] : {std::pair{&links.fwd_in, "pp fwd in"},
+                         {&links.fwd_out, "pp fwd out"},
+                         {&links.bwd_in, "pp bwd in"},
+                         {&links.bwd_out, "pp bwd out"}})
+    if (g->is_member()) g->set_stream(rank.new_stream(name));
+  return links;
+}
+
+/// One rank's part of the model and its training loop.
+class StageRunner {
+ public:
+  StageRunner(Rank& rank, const TrainOptions& o, Collected& out)
+      : rank_(rank), o_(o), l_(o.layout), out_(out) {}
+
+  void run() {
+    mesh_ = make_mesh(rank_, {l_.tp, l_.cp, l_.dp, l_.pp});
+    mesh_.dp.set_stream(rank_.new_stream("dp comm"));
+    stage_ = mesh_.pp_rank;
+    links_ = make_links(rank_, l_, stage_);
+    build_model();
+    world_ = Group::world(rank_);
+    const int m = int(l_.micro_batches());
+    const auto actions = pipeline_actions(l_.schedule, l_.pp, l_.vpp, m, stage_);
+    std::vector<std::uint32_t> firsts;
+    for (int it = 0; it < o_.iterations; ++it) {
+      firsts.push_back(std::uint32_t(rank_.graph().ops.size()));
+      buffers_->zero_grad();
+      for (const auto& a : actions) {
+        const auto first = std::uint32_t(rank_.graph().ops.size());
+        if (a.forward)
+          forward(it, a);
+        else
+          backward(a);
+        if (it == o_.iterations - 1)
+          blocks_.push_back(
+              {rank_.id(), stage_, a, first, std::uint32_t(rank_.graph().ops.size())});
+      }
+      optimizer_step(it);
+    }
+    rank_.synchronize();
+    collect(std::move(firsts));
+  }
+
+ private:
+  bool first_stage_chunk(int chunk) const { return stage_ == 0 && chunk == 0; }
+  bool last_stage_chunk(int chunk) const { return stage_ == l_.pp - 1 && chunk == l_.vpp - 1; }
+  std::int64_t rows() const { return o_.model.seq * l_.micro_batch_size; }
+  std::int64_t local_rows() const { return l_.sequence_parallel ? rows() / l_.tp : rows(); }
+
+  void build_model() {
+    const auto& md = o_.model;
+    const bool sp = l_.sequence_parallel && l_.tp > 1;
+    layer_config_ = {.seq = md.seq,
+                     .batch = l_.micro_batch_size,
+                     .hidden = md.hidden,
+                     .heads = md.heads,
+                     .ffn = md.ffn,
+                     .kv_heads = md.kv_heads,
+                     .activation = md.swiglu ? Activation::swiglu : Activation::gelu,
+                     .sequence_parallel = sp,
+                     .dtype = l_.dtype};
+    const std::int64_t vocab = padded_vocab(md.vocab, l_.tp);
+    const double table_scale = 1.0 / std::sqrt(double(md.hidden));
+    auto table = [&](std::uint64_t seed) {
+      return rank_.numerics() ? random_table({vocab, md.hidden}, l_.dtype, seed, table_scale)
+                              : Tensor::shape_only({vocab, md.hidden}, l_.dtype);
+    };
+    std::vector<detail::ParamSlot> slots;
+    // Slots in the order the backward finalizes them: LM head, the chunks' layers from the last
+    // (each layer's linears in backward order), the embedding.
+    struct Binding {
+      std::function<void(const Tensor&, const Tensor&)> bind;
+    };
+    std::vector<Binding> binds;
+    auto add = [&](std::string name, const Shape& shape, auto bind) {
+      slots.push_back({std::move(name), 0, shape.numel(), shape});
+      binds.push_back({bind});
+    };
+    if (stage_ == l_.pp - 1) {
+      const std::int64_t vl = vocab / l_.tp;
+      Tensor full = table(o_.seed * 7919 + 2);
+      Tensor shard = alloc(rank_, {vl, md.hidden}, l_.dtype);
+      if (rank_.numerics())
+        shard.copy_from(full.rows(vl * mesh_.tp_rank, vl * (mesh_.tp_rank + 1)));
+      loss_ =
+          std::make_unique<detail::VocabLoss>(mesh_.tp, shard, vl * mesh_.tp_rank, sp, l_.dtype);
+      add("lm_head", shard.shape(),
+          [this](const Tensor& w, const Tensor& g) { loss_->head().bind(w, g); });
+    }
+    chunks_.resize(std::size_t(l_.vpp));
+    for (int c = 0; c < l_.vpp; ++c) {
+      const LayerRange range = layers_of(md, l_, stage_, c);
+      for (std::int64_t i = 0; i < range.count; ++i) {
+        const std::int64_t index = range.first + i;
+        const auto w = rank_.numerics()
+                           ? TransformerWeights::random(layer_config_, o_.seed * 1000 + 16 * index)
+                           : TransformerWeights::shapes(layer_config_);
+        chunks_[std::size_t(c)].push_back(
+            {index, std::make_unique<TransformerLayer>(mesh_.tp, layer_config_, w)});
+      }
+    }
+    for (int c = l_.vpp - 1; c >= 0; --c)
+      for (auto it = chunks_[std::size_t(c)].rbegin(); it != chunks_[std::size_t(c)].rend(); ++it) {
+        TransformerLayer* layer = it->layer.get();
+        const std::string p = fmt::format("layer{}.", it->index);
+        it->first_slot = int(slots.size());
+        add(p + "mlp.down", layer->mlp_down().weight().shape(),
+            [layer](const Tensor& w, const Tensor& g) { layer->mlp_down().bind(w, g); });
+        add(p + "mlp.up", layer->mlp_up().weight().shape(),
+            [layer](const Tensor& w, const Tensor& g) { layer->mlp_up().bind(w, g); });
+        add(p + "attn.out", layer->attn_out().weight().shape(),
+            [layer](const Tensor& w, const Tensor& g) { layer->attn_out().bind(w, g); });
+        add(p + "attn.qkv", layer->qkv().weight().shape(),
+            [layer](const Tensor& w, const Tensor& g) { layer->qkv().bind(w, g); });
+      }
+    if (stage_ == 0) {
+      embedding_ =
+          std::make_unique<detail::VocabEmbedding>(mesh_.tp, table(o_.seed * 7919 + 1), sp);
+      add("embedding", embedding_->weight().shape(), [this](const Tensor& w, const Tensor& g) {
+        if (rank_.numerics()) w.copy_from(embedding_->weight());
+        embedding_->weight() = w;
+        embedding_->grad() = g;
+      });
+      embedding_slot_ = int(slots.size()) - 1;
+    }
+    buffers_ = std::make_unique<detail::ParamBuffers>(rank_, std::move(slots), l_.dtype, l_.dp,
+                                                      mesh_.dp_rank, l_.distributed_optimizer,
+                                                      l_.bucket_params, l_.bucket_mb);
+    for (int i = 0; i < int(binds.size()); ++i)
+      binds[std::size_t(i)].bind(buffers_->param(i), buffers_->grad(i));
+    buffers_->init_master();
+  }
+
+  std::shared_ptr<const detail::Batch> batch(int micro_batch) {
+    if (!rank_.numerics()) return nullptr;
+    const std::int64_t first =
+        (std::int64_t(mesh_.dp_rank) * l_.micro_batches() + micro_batch) * l_.micro_batch_size;
+    return std::make_shared<const detail::Batch>(
+        detail::make_batch(o_.seed, o_.model.vocab, o_.model.seq, l_.micro_batch_size, first));
+  }
+
+  struct Key {
+    int micro_batch, chunk;
+    std::int64_t layer;
+    auto operator<=>(const Key&) const = default;
+  };
+
+  void forward(int iteration, const PipelineAction& a) {
+    Tensor x;
+    if (first_stage_chunk(a.chunk)) {
+      x = embedding_->forward(batch(a.micro_batch), rows());
+    } else {
+      x = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+      irecv(links_.fwd_in, x, links_.fwd_in_peer).wait();
+    }
+    for (auto& entry : chunks_[std::size_t(a.chunk)]) {
+      const Key key{a.micro_batch, a.chunk, entry.index};
+      Tensor y = entry.layer->forward(x, o_.linear);
+      if (l_.recompute == Recompute::full) {
+        inputs_[key] = x;  // the layer's input is all a full recompute keeps
+        entry.layer->take_context();
+      } else {
+        contexts_[key] = entry.layer->take_context();
+      }
+      x = y;
+    }
+    if (last_stage_chunk(a.chunk)) {
+      auto slot = std::make_shared<double>(std::nan(""));
+      if (rank_.numerics() && mesh_.tp_rank == 0 && mesh_.cp_rank == 0) {
+        std::lock_guard lock(out_.mu);
+        out_.loss[std::size_t(iteration)][std::size_t(mesh_.dp_rank)][std::size_t(a.micro_batch)] =
+            slot;
+      }
+      loss_saved_[a.micro_batch] = loss_->forward(x, batch(a.micro_batch), o_.linear, slot);
+    } else {
+      isend(links_.fwd_out, x, links_.fwd_out_peer);
+    }
+  }
+
+  void backward(const PipelineAction& a) {
+    const bool last_micro_batch = a.micro_batch == int(l_.micro_batches()) - 1;
+    Tensor dy;
+    if (last_stage_chunk(a.chunk)) {
+      auto node = loss_saved_.extract(a.micro_batch);
+      dy = loss_->backward(node.mapped(), 1.0 / double(l_.micro_batches()), o_.linear);
+      if (last_micro_batch) buffers_->grad_ready(0, mesh_.dp);
+    } else {
+      dy = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+      irecv(links_.bwd_in, dy, links_.bwd_in_peer).wait();
+    }
+    auto& chunk = chunks_[std::size_t(a.chunk)];
+    for (auto it = chunk.rbegin(); it != chunk.rend(); ++it) {
+      const Key key{a.micro_batch, a.chunk, it->index};
+      if (l_.recompute == Recompute::full) {
+        auto node = inputs_.extract(key);
+        it->layer->forward(node.mapped(), o_.linear);  // recompute: same bits, same comm
+      } else {
+        auto node = contexts_.extract(key);
+        it->layer->restore_context(std::move(node.mapped()));
+      }
+      dy = it->layer->backward(dy, o_.linear);
+      if (last_micro_batch)
+        for (int p = 0; p < 4; ++p)
+          buffers_->grad_ready(it->first_slot + p, mesh_.dp);
+    }
+    if (first_stage_chunk(a.chunk)) {
+      embedding_->backward(batch(a.micro_batch), dy);
+      if (last_micro_batch) buffers_->grad_ready(embedding_slot_, mesh_.dp);
+    } else {
+      isend(links_.bwd_out, dy, links_.bwd_out_peer);
+    }
+  }
+
+  /// Megatron's optimizer step: wait for the gradient reductions, the global gradient norm
+  /// (all-reduced over every rank: it joins the stages at the end of each iteration, as
+  /// Megatron's does), then Adam and, sharded, the parameter all-gather.
+  void optimizer_step(int iteration) {
+    buffers_->finish_reductions();
+    const Tensor g = buffers_->owned_grads();
+    const DType acc = g.dtype();
+    Tensor norm2 = alloc(rank_, {1}, acc);
+    // Replicated gradients (no sharding) are counted by every dp rank: divide by dp.
+    const double share = l_.distributed_optimizer ? 1.0 : 1.0 / double(l_.dp);
+    const double mean = l_.gradients_mean ? 1.0 / double(l_.dp) : 1.0;
+    layers::detail::elementwise(rank_, "grad norm", g.nbytes(), [g, norm2, share, mean] {
+      double s = 0;
+      for (std::int64_t i = 0; i < g.numel(); ++i) {
+        const double v = g.item(i) * mean;
+        s += v * v;
+      }
+      layers::detail::set(norm2, 0, s * share);
+    });
+    all_reduce(world_, norm2, {.label = "grad norm"});
+    if (rank_.id() == 0 && rank_.numerics()) {
+      auto slot = std::make_shared<double>(0);
+      layers::detail::elementwise(rank_, "grad norm sqrt", 8,
+                                  [norm2, slot] { *slot = std::sqrt(norm2.item(0)); });
+      std::lock_guard lock(out_.mu);
+      out_.grad_norm[std::size_t(iteration)] = slot;
+    }
+    const Adam& a = o_.adam;
+    buffers_->update(mesh_.dp, iteration + 1, {a.lr, a.beta1, a.beta2, a.eps}, l_.gradients_mean);
+  }
+
+  void collect(std::vector<std::uint32_t> firsts) {
+    std::lock_guard lock(out_.mu);
+    out_.iteration_first_op[std::size_t(rank_.id())] = std::move(firsts);
+    out_.blocks.insert(out_.blocks.end(), blocks_.begin(), blocks_.end());
+    if (!rank_.numerics() || mesh_.dp_rank != 0 || mesh_.cp_rank != 0) return;
+    for (int i = 0; i < int(buffers_->slots().size()); ++i)
+      out_.weights[fmt::format("{} tp{}", buffers_->slots()[std::size_t(i)].name, mesh_.tp_rank)] =
+          buffers_->param(i).clone();
+  }
+
+  struct LayerEntry {
+    std::int64_t index;
+    std::unique_ptr<TransformerLayer> layer;
+    int first_slot = 0;
+  };
+
+  Rank& rank_;
+  const TrainOptions& o_;
+  const TrainLayout& l_;
+  Collected& out_;
+  Mesh mesh_;
+  Group world_;
+  Links links_;
+  int stage_ = 0;
+  TransformerConfig layer_config_;
+  std::vector<std::vector<LayerEntry>> chunks_;
+  std::unique_ptr<detail::VocabEmbedding> embedding_;
+  std::unique_ptr<detail::VocabLoss> loss_;
+  std::unique_ptr<detail::ParamBuffers> buffers_;
+  int embedding_slot_ = -1;
+  std::map<Key, std::shared_ptr<TransformerLayer::Context>> contexts_;
+  std::map<Key, Tensor> inputs_;
+  std::map<int, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
+  std::vector<PipelineBlock> blocks_;
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, WorldOptions world) {
+  const TrainLayout& l = o.layout;
+  TrainResult result;
+  result.warnings = check_layout(o.model, l, l.world()).warnings;
+  COCEMU_CHECK_ARG(l.cp == 1,
+                   "context parallelism inside the training step is not supported yet (cp {}); "
+                   "`cocemu attention` models CP attention on its own",
+                   l.cp);
+  COCEMU_CHECK_ARG(l.recompute != Recompute::selective,
+                   "selective recompute is not supported by the training step yet; use none or "
+                   "full");
+  COCEMU_CHECK_ARG(l.micro_batch_interleave == 1,
+                   "micro_batch_interleave_num {} is not supported by the training step yet",
+                   l.micro_batch_interleave);
+  COCEMU_CHECK_ARG(o.iterations >= 1 && o.iterations <= 1000, "iterations {} must be in [1, 1000]",
+                   o.iterations);
+  world.n_ranks = l.world();
+  result.padded_vocab = padded_vocab(o.model.vocab, l.tp);
+  Collected out;
+  const int m = int(l.micro_batches());
+  out.loss.assign(std::size_t(o.iterations),
+                  std::vector<std::vector<std::shared_ptr<double>>>(
+                      std::size_t(l.dp), std::vector<std::shared_ptr<double>>(std::size_t(m))));
+  out.grad_norm.assign(std::size_t(o.iterations), nullptr);
+  out.iteration_first_op.resize(std::size_t(l.world()));
+  result.run = run(world, [&](Rank& rank) { StageRunner(rank, o, out).run(); });
+  if (result.run.numerics) {
+    for (const auto& per_dp : out.loss) {
+      double sum = 0;
+      for (const auto& per_mb : per_dp)
+        for (const auto& v : per_mb)
+          sum += *v;
+      result.loss.push_back(sum / double(l.dp * m));
+    }
+    for (const auto& g : out.grad_norm)
+      result.grad_norm.push_back(*g);
+  }
+  result.weights = std::move(out.weights);
+  result.blocks = std::move(out.blocks);
+  result.iteration_first_op = std::move(out.iteration_first_op);
+  return result;
+}
+
+}  // namespace cocemu::layers::train

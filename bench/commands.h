@@ -16,6 +16,8 @@ void add_bench(CLI::App& app);
 void add_tune(CLI::App& app);
 /// Registers `cocemu validate` on `app`.
 void add_validate(CLI::App& app);
+/// Registers `cocemu train` on `app`.
+void add_train(CLI::App& app);
 
 }  // namespace cocemu::cli
 

@@ -25,6 +25,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   m.tensor_model_parallel_size = int(top.integer("tensor_model_parallel_size", 1, 64));
   m.sequence_parallel = top.boolean("sequence_parallel");
   m.swiglu = top.boolean_or("swiglu", false);
+  if (top.has("vocab_size")) m.vocab_size = top.integer("vocab_size", 1, 1 << 24);
   top.finish();
   const int tp = m.tensor_model_parallel_size;
   COCEMU_CHECK(m.hidden_size % m.num_attention_heads == 0, Errc::parse_error,

@@ -167,6 +167,7 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
 
   YamlReader memory = top.map("memory");
   p.memory_bandwidth = memory.number("bandwidth_bytes_per_s", 1e6, 1e15);
+  if (memory.has("capacity_bytes")) p.memory_capacity = memory.number("capacity_bytes", 1e6, 1e15);
   memory.finish();
 
   YamlReader coll = top.map("collectives");

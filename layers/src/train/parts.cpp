@@ -19,37 +19,6 @@ using layers::detail::at;
 using layers::detail::elementwise;
 using layers::detail::set;
 
-namespace {
-
-/// SplitMix64: a token id per (seed, sample, position), independent of how ranks split the batch.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
-Batch make_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t seq, std::int64_t batch,
-                 std::int64_t first_sample) {
-  Batch b;
-  b.tokens.resize(std::size_t(seq * batch));
-  b.labels.resize(b.tokens.size());
-  for (std::int64_t bi = 0; bi < batch; ++bi) {
-    const std::uint64_t sample = std::uint64_t(first_sample + bi);
-    auto token = [&](std::int64_t pos) {
-      return std::int32_t(mix(seed ^ mix(sample * 1000003ULL + std::uint64_t(pos))) %
-                          std::uint64_t(vocab));
-    };
-    for (std::int64_t s = 0; s < seq; ++s) {
-      b.tokens[std::size_t(s * batch + bi)] = token(s);
-      b.labels[std::size_t(s * batch + bi)] = token(s + 1);
-    }
-  }
-  return b;
-}
-
 // ---------------------------------------------------------------------------------------------
 // VocabEmbedding
 
@@ -275,7 +244,8 @@ void ParamBuffers::init_master() {
   if (!rank_.numerics()) return;
   for (const auto& b : buckets_) {
     const std::int64_t first = owned_offset(b), n = owned_numel(b);
-    master_.flat(b.state_offset, b.state_offset + n).copy_from(params_.flat(first, first + n));
+    master_.flat(b.state_offset, b.state_offset + n)
+        .copy_from(params_.flat(first, first + n).to(master_.dtype()));
   }
 }
 

@@ -10,17 +10,12 @@
 #include "cocemu/collectives/group.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/layers/linear.h"
+#include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/tensor.h"
 
 namespace cocemu::layers::train::detail {
 
-/// One micro-batch of synthetic data: token ids and next-token labels, rows in (s, b) order
-/// (Megatron's [s, b, h] activations flattened), the same on every rank that asks.
-struct Batch {
-  std::vector<std::int32_t> tokens, labels;
-};
-Batch make_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t seq, std::int64_t batch,
-                 std::int64_t first_sample);
+using Batch = TokenBatch;
 
 /// Megatron's VocabParallelEmbedding: rank r of the TP group holds rows [r·V/tp, (r+1)·V/tp) of
 /// the table; a lookup outside them gives zeros, and the TP reduction (reduce_scatter along the

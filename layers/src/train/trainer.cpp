@@ -5,6 +5,7 @@
 #include <cmath>
 #include <mutex>
 #include <random>
+#include <type_traits>
 
 #include "cocemu/collectives/ops.h"
 #include "cocemu/layers/transformer.h"
@@ -23,6 +24,39 @@ std::int64_t padded_vocab(std::int64_t vocab, int tp) {
 
 namespace {
 
+/// SplitMix64: a token id per (seed, sample, position), independent of how ranks split the batch.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+TokenBatch synthetic_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t seq,
+                           std::int64_t batch, std::int64_t first_sample) {
+  TokenBatch b;
+  b.tokens.resize(std::size_t(seq * batch));
+  b.labels.resize(b.tokens.size());
+  for (std::int64_t bi = 0; bi < batch; ++bi) {
+    const std::uint64_t sample = std::uint64_t(first_sample + bi);
+    // A learnable sequence: an arithmetic progression mod vocab with a start and a stride (1..4)
+    // drawn per sample, so next-token loss can fall within a few iterations.
+    const std::uint64_t r = mix(seed ^ mix(sample * 1000003ULL));
+    const std::int64_t start = std::int64_t(r % std::uint64_t(vocab)),
+                       stride = 1 + std::int64_t((r >> 32) % 4);
+    auto token = [&](std::int64_t pos) { return std::int32_t((start + pos * stride) % vocab); };
+    for (std::int64_t s = 0; s < seq; ++s) {
+      b.tokens[std::size_t(s * batch + bi)] = token(s);
+      b.labels[std::size_t(s * batch + bi)] = token(s + 1);
+    }
+  }
+  return b;
+}
+
+namespace {
+
 Tensor random_table(const Shape& s, DType t, std::uint64_t seed, double scale) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> d(0, scale);
@@ -32,6 +66,24 @@ Tensor random_table(const Shape& s, DType t, std::uint64_t seed, double scale) {
   return Tensor::from<double>(s, v, t);
 }
 
+}  // namespace
+
+Tensor initial_embedding(const TrainOptions& o, std::int64_t vocab) {
+  return random_table({vocab, o.model.hidden}, o.layout.dtype, o.seed * 7919 + 1,
+                      1.0 / std::sqrt(double(o.model.hidden)));
+}
+
+Tensor initial_head(const TrainOptions& o, std::int64_t vocab) {
+  return random_table({vocab, o.model.hidden}, o.layout.dtype, o.seed * 7919 + 2,
+                      1.0 / std::sqrt(double(o.model.hidden)));
+}
+
+std::uint64_t layer_seed(const TrainOptions& o, std::int64_t layer) {
+  return o.seed * 1000 + 16 * std::uint64_t(layer);
+}
+
+namespace {
+
 /// What the ranks leave behind for `train` to assemble.
 struct Collected {
   std::mutex mu;
@@ -40,6 +92,7 @@ struct Collected {
   std::vector<std::shared_ptr<double>> grad_norm;  // [iteration], rank 0's
   std::map<std::string, Tensor> weights;
   std::vector<PipelineBlock> blocks;
+  std::vector<PieceRange> pieces;
   std::vector<std::vector<std::uint32_t>> iteration_first_op;
 };
 
@@ -97,10 +150,12 @@ class StageRunner {
     links_ = make_links(rank_, l_, stage_);
     build_model();
     world_ = Group::world(rank_);
+    world_.set_stream(mesh_.dp.stream());  // the grad-norm all-reduce, with the DP traffic
     const int m = int(l_.micro_batches());
     const auto actions = pipeline_actions(l_.schedule, l_.pp, l_.vpp, m, stage_);
     std::vector<std::uint32_t> firsts;
     for (int it = 0; it < o_.iterations; ++it) {
+      iteration_ = it;
       firsts.push_back(std::uint32_t(rank_.graph().ops.size()));
       buffers_->zero_grad();
       for (const auto& a : actions) {
@@ -120,6 +175,24 @@ class StageRunner {
   }
 
  private:
+  /// Records the ops `fn` enqueues as one model part (rank 0, with record_pieces).
+  template <class Fn>
+  auto piece(const char* what, Fn&& fn) {
+    const auto first = std::uint32_t(rank_.graph().ops.size());
+    auto finish = [&] {
+      if (o_.record_pieces && rank_.id() == 0)
+        pieces_.push_back({what, first, std::uint32_t(rank_.graph().ops.size())});
+    };
+    if constexpr (std::is_void_v<decltype(fn())>) {
+      fn();
+      finish();
+    } else {
+      auto r = fn();
+      finish();
+      return r;
+    }
+  }
+
   bool first_stage_chunk(int chunk) const { return stage_ == 0 && chunk == 0; }
   bool last_stage_chunk(int chunk) const { return stage_ == l_.pp - 1 && chunk == l_.vpp - 1; }
   std::int64_t rows() const { return o_.model.seq * l_.micro_batch_size; }
@@ -138,10 +211,9 @@ class StageRunner {
                      .sequence_parallel = sp,
                      .dtype = l_.dtype};
     const std::int64_t vocab = padded_vocab(md.vocab, l_.tp);
-    const double table_scale = 1.0 / std::sqrt(double(md.hidden));
-    auto table = [&](std::uint64_t seed) {
-      return rank_.numerics() ? random_table({vocab, md.hidden}, l_.dtype, seed, table_scale)
-                              : Tensor::shape_only({vocab, md.hidden}, l_.dtype);
+    auto table = [&](bool head) {
+      if (!rank_.numerics()) return Tensor::shape_only({vocab, md.hidden}, l_.dtype);
+      return head ? initial_head(o_, vocab) : initial_embedding(o_, vocab);
     };
     std::vector<detail::ParamSlot> slots;
     // Slots in the order the backward finalizes them: LM head, the chunks' layers from the last
@@ -156,7 +228,7 @@ class StageRunner {
     };
     if (stage_ == l_.pp - 1) {
       const std::int64_t vl = vocab / l_.tp;
-      Tensor full = table(o_.seed * 7919 + 2);
+      Tensor full = table(true);
       Tensor shard = alloc(rank_, {vl, md.hidden}, l_.dtype);
       if (rank_.numerics())
         shard.copy_from(full.rows(vl * mesh_.tp_rank, vl * (mesh_.tp_rank + 1)));
@@ -171,7 +243,7 @@ class StageRunner {
       for (std::int64_t i = 0; i < range.count; ++i) {
         const std::int64_t index = range.first + i;
         const auto w = rank_.numerics()
-                           ? TransformerWeights::random(layer_config_, o_.seed * 1000 + 16 * index)
+                           ? TransformerWeights::random(layer_config_, layer_seed(o_, index))
                            : TransformerWeights::shapes(layer_config_);
         chunks_[std::size_t(c)].push_back(
             {index, std::make_unique<TransformerLayer>(mesh_.tp, layer_config_, w)});
@@ -192,8 +264,7 @@ class StageRunner {
             [layer](const Tensor& w, const Tensor& g) { layer->qkv().bind(w, g); });
       }
     if (stage_ == 0) {
-      embedding_ =
-          std::make_unique<detail::VocabEmbedding>(mesh_.tp, table(o_.seed * 7919 + 1), sp);
+      embedding_ = std::make_unique<detail::VocabEmbedding>(mesh_.tp, table(false), sp);
       add("embedding", embedding_->weight().shape(), [this](const Tensor& w, const Tensor& g) {
         if (rank_.numerics()) w.copy_from(embedding_->weight());
         embedding_->weight() = w;
@@ -212,9 +283,10 @@ class StageRunner {
   std::shared_ptr<const detail::Batch> batch(int micro_batch) {
     if (!rank_.numerics()) return nullptr;
     const std::int64_t first =
+        std::int64_t(iteration_) * l_.global_batch_size +
         (std::int64_t(mesh_.dp_rank) * l_.micro_batches() + micro_batch) * l_.micro_batch_size;
     return std::make_shared<const detail::Batch>(
-        detail::make_batch(o_.seed, o_.model.vocab, o_.model.seq, l_.micro_batch_size, first));
+        synthetic_batch(o_.seed, o_.model.vocab, o_.model.seq, l_.micro_batch_size, first));
   }
 
   struct Key {
@@ -226,14 +298,14 @@ class StageRunner {
   void forward(int iteration, const PipelineAction& a) {
     Tensor x;
     if (first_stage_chunk(a.chunk)) {
-      x = embedding_->forward(batch(a.micro_batch), rows());
+      x = piece("embedding fwd", [&] { return embedding_->forward(batch(a.micro_batch), rows()); });
     } else {
       x = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
       irecv(links_.fwd_in, x, links_.fwd_in_peer).wait();
     }
     for (auto& entry : chunks_[std::size_t(a.chunk)]) {
       const Key key{a.micro_batch, a.chunk, entry.index};
-      Tensor y = entry.layer->forward(x, o_.linear);
+      Tensor y = piece("layer fwd", [&] { return entry.layer->forward(x, o_.linear); });
       if (l_.recompute == Recompute::full) {
         inputs_[key] = x;  // the layer's input is all a full recompute keeps
         entry.layer->take_context();
@@ -249,7 +321,8 @@ class StageRunner {
         out_.loss[std::size_t(iteration)][std::size_t(mesh_.dp_rank)][std::size_t(a.micro_batch)] =
             slot;
       }
-      loss_saved_[a.micro_batch] = loss_->forward(x, batch(a.micro_batch), o_.linear, slot);
+      loss_saved_[a.micro_batch] = piece(
+          "loss fwd", [&] { return loss_->forward(x, batch(a.micro_batch), o_.linear, slot); });
     } else {
       isend(links_.fwd_out, x, links_.fwd_out_peer);
     }
@@ -260,7 +333,9 @@ class StageRunner {
     Tensor dy;
     if (last_stage_chunk(a.chunk)) {
       auto node = loss_saved_.extract(a.micro_batch);
-      dy = loss_->backward(node.mapped(), 1.0 / double(l_.micro_batches()), o_.linear);
+      dy = piece("loss bwd", [&] {
+        return loss_->backward(node.mapped(), 1.0 / double(l_.micro_batches()), o_.linear);
+      });
       if (last_micro_batch) buffers_->grad_ready(0, mesh_.dp);
     } else {
       dy = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
@@ -269,20 +344,22 @@ class StageRunner {
     auto& chunk = chunks_[std::size_t(a.chunk)];
     for (auto it = chunk.rbegin(); it != chunk.rend(); ++it) {
       const Key key{a.micro_batch, a.chunk, it->index};
-      if (l_.recompute == Recompute::full) {
-        auto node = inputs_.extract(key);
-        it->layer->forward(node.mapped(), o_.linear);  // recompute: same bits, same comm
-      } else {
-        auto node = contexts_.extract(key);
-        it->layer->restore_context(std::move(node.mapped()));
-      }
-      dy = it->layer->backward(dy, o_.linear);
+      dy = piece("layer bwd", [&] {
+        if (l_.recompute == Recompute::full) {
+          auto node = inputs_.extract(key);
+          it->layer->forward(node.mapped(), o_.linear);  // recompute: same bits, same comm
+        } else {
+          auto node = contexts_.extract(key);
+          it->layer->restore_context(std::move(node.mapped()));
+        }
+        return it->layer->backward(dy, o_.linear);
+      });
       if (last_micro_batch)
         for (int p = 0; p < 4; ++p)
           buffers_->grad_ready(it->first_slot + p, mesh_.dp);
     }
     if (first_stage_chunk(a.chunk)) {
-      embedding_->backward(batch(a.micro_batch), dy);
+      piece("embedding bwd", [&] { embedding_->backward(batch(a.micro_batch), dy); });
       if (last_micro_batch) buffers_->grad_ready(embedding_slot_, mesh_.dp);
     } else {
       isend(links_.bwd_out, dy, links_.bwd_out_peer);
@@ -324,6 +401,7 @@ class StageRunner {
     std::lock_guard lock(out_.mu);
     out_.iteration_first_op[std::size_t(rank_.id())] = std::move(firsts);
     out_.blocks.insert(out_.blocks.end(), blocks_.begin(), blocks_.end());
+    out_.pieces.insert(out_.pieces.end(), pieces_.begin(), pieces_.end());
     if (!rank_.numerics() || mesh_.dp_rank != 0 || mesh_.cp_rank != 0) return;
     for (int i = 0; i < int(buffers_->slots().size()); ++i)
       out_.weights[fmt::format("{} tp{}", buffers_->slots()[std::size_t(i)].name, mesh_.tp_rank)] =
@@ -343,7 +421,7 @@ class StageRunner {
   Mesh mesh_;
   Group world_;
   Links links_;
-  int stage_ = 0;
+  int stage_ = 0, iteration_ = 0;
   TransformerConfig layer_config_;
   std::vector<std::vector<LayerEntry>> chunks_;
   std::unique_ptr<detail::VocabEmbedding> embedding_;
@@ -354,6 +432,7 @@ class StageRunner {
   std::map<Key, Tensor> inputs_;
   std::map<int, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
   std::vector<PipelineBlock> blocks_;
+  std::vector<PieceRange> pieces_;
 };
 
 }  // namespace
@@ -397,6 +476,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   }
   result.weights = std::move(out.weights);
   result.blocks = std::move(out.blocks);
+  result.pieces = std::move(out.pieces);
   result.iteration_first_op = std::move(out.iteration_first_op);
   return result;
 }

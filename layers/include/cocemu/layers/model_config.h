@@ -12,7 +12,8 @@ struct ModelConfig {
   std::int64_t ffn_hidden_size = 0, num_layers = 0, seq_length = 0, micro_batch_size = 1;
   int tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
-  bool swiglu = false;  ///< Megatron's --swiglu (LLaMA): MLP-up yields gate and up halves
+  bool swiglu = false;          ///< Megatron's --swiglu (LLaMA): MLP-up yields gate and up halves
+  std::int64_t vocab_size = 0;  ///< tokenizer vocabulary (before Megatron's padding); 0: not given
 };
 
 ModelConfig parse_model_config(const std::string& yaml_text, const std::string& origin);

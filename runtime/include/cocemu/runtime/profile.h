@@ -62,8 +62,9 @@ struct DeviceProfile {
   /// Flash attention's efficiency relative to a GEMM of its size (softmax and its rescaling
   /// share the cores with the matmuls).
   double attention_efficiency = 1.0;
-  double kernel_min_ns = 0;                                   ///< shortest possible kernel
-  double memory_bandwidth = 1;                                ///< bytes/s of device memory
+  double kernel_min_ns = 0;     ///< shortest possible kernel
+  double memory_bandwidth = 1;  ///< bytes/s of device memory
+  double memory_capacity = 0;   ///< bytes of device memory (0: not given; memory verdicts say so)
   std::map<std::string, CollectiveAlgorithmCost> algorithms;  ///< "ring", "direct", …
   std::vector<AlgorithmRule> auto_rules;                      ///< ordered by max_bytes
   std::vector<AlgorithmRule> auto_rules_multi_node;  ///< groups spanning nodes (default: auto)

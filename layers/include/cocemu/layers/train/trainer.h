@@ -42,6 +42,15 @@ struct TrainOptions {
   Adam adam;
   /// The TP linears' CoC options (strategy, tiling; `per_shape` for a tuned config).
   LinearOptions linear;
+  /// Record rank 0's op ranges of each model part (TrainResult::pieces), for the step model.
+  bool record_pieces = false;
+};
+
+/// Rank 0's ops [first_op, end_op) of one part of one pass: "embedding fwd", "layer fwd",
+/// "loss fwd", "loss bwd", "layer bwd", "embedding bwd".
+struct PieceRange {
+  std::string what;
+  std::uint32_t first_op = 0, end_op = 0;
 };
 
 /// One forward or backward of the pipeline picture: a rank's ops [first_op, end_op) in its
@@ -58,6 +67,7 @@ struct TrainResult {
   /// Updated parameters of the dp-rank-0, cp-rank-0 ranks: "layer3.mlp.up tp1" → shard.
   std::map<std::string, Tensor> weights;
   std::vector<PipelineBlock> blocks;
+  std::vector<PieceRange> pieces;  ///< with TrainOptions::record_pieces
   /// Per rank, the index of its first op of each iteration (to cut the timeline).
   std::vector<std::vector<std::uint32_t>> iteration_first_op;
   std::int64_t padded_vocab = 0;
@@ -67,6 +77,21 @@ struct TrainResult {
 
 /// Megatron's padded vocabulary: a multiple of 128 × tp.
 std::int64_t padded_vocab(std::int64_t vocab, int tp);
+
+/// One micro-batch of synthetic data: token ids and next-token labels, rows in (s, b) order
+/// (Megatron's [s, b, h] activations flattened). Sample i of iteration t is the same on every
+/// rank and in every layout: it is global sample t · global_batch + i.
+struct TokenBatch {
+  std::vector<std::int32_t> tokens, labels;
+};
+TokenBatch synthetic_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t seq,
+                           std::int64_t batch, std::int64_t first_sample);
+
+/// The initial full (unsharded) weights: the embedding table and the LM head [padded vocab,
+/// hidden], and layer i's weights (TransformerWeights::random with a seed of its own).
+Tensor initial_embedding(const TrainOptions& o, std::int64_t padded_vocab);
+Tensor initial_head(const TrainOptions& o, std::int64_t padded_vocab);
+std::uint64_t layer_seed(const TrainOptions& o, std::int64_t layer);
 
 /// Runs `options.iterations` training iterations on layout.world() ranks. `world` gives the
 /// profile, numerics (false: a dry run) and determinism; its n_ranks is ignored.

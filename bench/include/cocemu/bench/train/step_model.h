@@ -1,0 +1,25 @@
+#pragma once
+/// The step model: a training iteration of a world too large to run rank by rank (hundreds of
+/// devices, hundreds of micro-batches), composed from parts that are emulated or priced the way
+/// the emulator prices them:
+///  - one micro-batch through one layer, the embedding and the loss is emulated (dry run) on one
+///    TP group with the same CoC options, recompute and sequence parallelism: the duration of
+///    each part on the device and its exposed TP communication;
+///  - the pipeline schedule (pipeline.h) is replayed stage by stage with those durations; each
+///    activation or gradient transfer is priced on the link between the two stages' devices
+///    (the profile's topology) and queued on that link's stream, as the emulated step does;
+///  - each gradient bucket's DP reduction is priced by `model_collective` on the DP group's
+///    placement, launched when its last gradient is final in the last micro-batch's backward and
+///    serialized on the DP stream;
+///  - the grad-norm all-reduce over the world, then Adam (memory-bound) and, sharded, the
+///    parameter all-gathers.
+/// What it leaves out: the slowdown of compute and communication sharing a device (the emulated
+/// timeline applies the profile's contention factors), so an overlapped DP reduction costs it
+/// nothing. A test compares it with the emulated step on layouts both can run.
+#include "cocemu/bench/train/train_report.h"
+
+namespace cocemu::bench {
+
+TrainReport model_step(const TrainSetup& setup);
+
+}  // namespace cocemu::bench

@@ -1,0 +1,105 @@
+#pragma once
+/// `cocemu train`'s figures (R-TR-7, R-TR-10): iteration time, tokens/s, model TFLOP/s per
+/// device and MFU, the pipeline bubble, exposed communication by kind, and per-device memory —
+/// from an emulated run's modeled timeline, or from the step model (step_model.h) for worlds
+/// too large to run.
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cocemu/layers/train/trainer.h"
+#include "cocemu/runtime/profile.h"
+
+namespace cocemu::bench {
+
+/// What `cocemu train` runs: the step's options, the device profile and the cluster.
+struct TrainSetup {
+  layers::train::TrainOptions options;
+  std::shared_ptr<const DeviceProfile> profile;
+  int nodes = 1;
+  bool dry_run = false;
+  std::string model_source;  ///< the model config's path, or "built-in tiny"
+  std::string coc_name = "serial";
+};
+
+struct MemoryTerm {
+  std::string name;
+  double bytes = 0;
+};
+
+/// Per-device memory of the pipeline stage that needs the most.
+struct MemoryEstimate {
+  int stage = 0;
+  std::vector<MemoryTerm> terms;  ///< parameters, gradients, optimizer state, activations, …
+  double peak_bytes = 0;
+  double capacity_bytes = 0;  ///< the profile's device memory (0: not given)
+  bool oom = false;
+  std::string verdict;  ///< "fits: 41.2 of 64.0 GB" or the OOM verdict with the largest terms
+};
+
+/// How a layer keeps its activations: Megatron's GPT layer as Korthikanti et al. (2022) count
+/// it (dropout masks, softmax kept unless recomputed), or the emulated layer (flash attention,
+/// no dropout, RMSNorm statistics).
+struct ActivationStyle {
+  bool flash_attention = true;
+  bool dropout = false;
+  bool norm_statistics = true;
+};
+ActivationStyle emulated_layer_style();
+ActivationStyle megatron_gpt_style();
+
+/// What one transformer layer keeps per micro-batch on one device, tensor by tensor (bytes), for
+/// the layout's tp, sequence parallelism and recompute.
+std::vector<MemoryTerm> layer_activations(const layers::train::DecoderShape& model,
+                                          const layers::train::TrainLayout& layout,
+                                          const ActivationStyle& style);
+/// Micro-batches whose activations a stage holds at once under the layout's schedule (counted
+/// from the schedule's order, in units of model chunks).
+int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
+MemoryEstimate estimate_memory(const layers::train::DecoderShape& model,
+                               const layers::train::TrainLayout& layout,
+                               const DeviceProfile& profile);
+
+/// Parameters of one stage's ranks (per device, after TP).
+double stage_parameters(const layers::train::DecoderShape& model,
+                        const layers::train::TrainLayout& layout, int stage);
+/// Model FLOPs of one iteration (Narayanan et al. 2021: forward + 2 × backward, attention
+/// counted as full s², recompute not counted).
+double model_flops_per_iteration(const layers::train::DecoderShape& model,
+                                 const layers::train::TrainLayout& layout);
+
+/// One block of the pipeline picture.
+struct PipelineBlockTime {
+  int stage = 0;
+  std::string label;  ///< "F3", "B3.1"
+  bool forward = true;
+  std::int64_t start_ns = 0, end_ns = 0;
+};
+
+struct TrainReport {
+  std::string model, layout, profile, source;  ///< source: "emulated" or "step model"
+  bool dry_run = false;
+  int world = 0, nodes = 1;
+  std::int64_t iteration_ns = 0;
+  double tokens_per_s = 0, tflops_per_device = 0, mfu = 0;
+  double bubble_fraction = 0, ideal_bubble_fraction = 0;
+  std::map<std::string, double> exposed_comm_ns;  ///< TP, CP, DP, PP
+  MemoryEstimate memory;
+  std::vector<double> loss, grad_norm;  ///< empty in a dry run
+  std::vector<std::string> warnings;
+  std::vector<PipelineBlockTime> pipeline;  ///< the last iteration, one rank per stage
+};
+
+/// The figures of an emulated run (its last iteration).
+TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainResult& result);
+
+nlohmann::json to_json(const TrainReport& report);
+std::string format_report(const TrainReport& report);
+/// The classic pipeline picture: one row per stage, time to the right, forward and backward
+/// blocks with their micro-batch numbers.
+std::string pipeline_svg(const TrainReport& report);
+
+}  // namespace cocemu::bench

@@ -1,0 +1,334 @@
+// The step model (step_model.h): a training iteration composed from an emulated layer, the
+// pipeline schedule replayed with priced transfers, and priced DP reductions.
+#include "cocemu/bench/train/step_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "cocemu/collectives/plan.h"
+#include "cocemu/layers/train/pipeline.h"
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/error.h"
+
+namespace cocemu::bench {
+
+using layers::train::PipelineAction;
+using layers::train::TrainLayout;
+
+namespace {
+
+/// Device time and exposed TP communication of one model part, per micro-batch.
+struct PartCost {
+  double ns = 0, exposed_tp_ns = 0;
+};
+
+/// Emulates one micro-batch through the embedding, one layer and the loss on one TP group (dry
+/// run) and measures each part on rank 0's modeled timeline.
+std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
+  layers::train::TrainOptions o = setup.options;
+  TrainLayout& l = o.layout;
+  l.cp = 1;
+  l.dp = 1;
+  l.pp = 1;
+  l.vpp = 1;
+  l.schedule = layers::train::PipelineSchedule::one_f_one_b;
+  l.stage_layers.clear();
+  l.global_batch_size = l.micro_batch_size;
+  l.distributed_optimizer = false;
+  o.model.num_layers = 1;
+  o.iterations = 1;
+  o.record_pieces = true;
+  WorldOptions w;
+  w.profile = setup.profile;
+  w.numerics = false;
+  const auto r = layers::train::train(o, w);
+  const auto& ops = r.run.graph.ranks[0].ops;
+  const auto& times = r.run.timeline.rank(0);
+  const auto& lanes = r.run.graph.ranks[0].lane_names;
+  std::map<std::string, PartCost> parts;
+  for (const auto& p : r.pieces) {
+    std::int64_t lo = INT64_MAX, hi = 0;
+    std::vector<std::pair<std::int64_t, std::int64_t>> compute, comm;
+    for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
+      if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
+      lo = std::min(lo, times[i].start_ns);
+      hi = std::max(hi, times[i].end_ns);
+      auto& into = ops[i].cls == OpClass::comm ? comm : compute;
+      if (ops[i].cls != OpClass::comm || lanes[std::size_t(ops[i].lane)] == "comm")
+        into.push_back({times[i].start_ns, times[i].end_ns});
+    }
+    PartCost c;
+    if (hi > lo) c.ns = double(hi - lo);
+    // Exposed TP communication: comm time not covered by any compute of the part.
+    std::sort(compute.begin(), compute.end());
+    for (const auto& [s, e] : comm) {
+      std::int64_t at = s, covered = 0;
+      for (const auto& [cs, ce] : compute) {
+        if (ce <= at || cs >= e) continue;
+        covered += std::min(ce, e) - std::max(cs, at);
+        at = std::min(ce, e);
+      }
+      c.exposed_tp_ns += double(e - s - covered);
+    }
+    parts[p.what] = c;
+  }
+  return parts;
+}
+
+/// End of a transfer of `work` ns (at full speed) starting at `start` on a rank whose compute
+/// runs until `compute_end`: while both run, the transfer progresses at 1/comm_slowdown and the
+/// compute at 1/compute_slowdown (the emulated timeline's contention rule); `compute_end` moves
+/// accordingly.
+double contended(double start, double work, double& compute_end, const ContentionModel& c) {
+  double t = start, left = work;
+  if (t < compute_end) {
+    double compute_left = compute_end - t;  // at full speed
+    const double both = std::min(left * c.comm_slowdown, compute_left * c.compute_slowdown);
+    left -= both / c.comm_slowdown;
+    compute_left -= both / c.compute_slowdown;
+    t += both;
+    compute_end = t + compute_left;
+  }
+  return t + left;
+}
+
+double p2p_ns(const DeviceProfile& p, double bytes, int a, int b) {
+  return p.topology.path_latency_ns(a, b) + bytes / p.topology.path_bandwidth(a, b) * 1e9;
+}
+
+}  // namespace
+
+TrainReport model_step(const TrainSetup& setup) {
+  const auto& o = setup.options;
+  const TrainLayout& l = o.layout;
+  const DeviceProfile& prof = *setup.profile;
+  TrainReport rep;
+  rep.warnings = layers::train::check_layout(o.model, l, l.world()).warnings;
+  COCEMU_CHECK_ARG(l.cp == 1,
+                   "context parallelism inside the training step is not supported yet "
+                   "(cp {})",
+                   l.cp);
+  rep.model = o.model.name;
+  rep.layout = l.describe();
+  rep.profile = prof.name;
+  rep.source = "step model";
+  rep.dry_run = true;
+  rep.world = l.world();
+  rep.nodes = setup.nodes;
+  prof.check_world(rep.world);
+
+  const auto parts = probe_parts(setup);
+  auto part = [&](const char* what) {
+    const auto it = parts.find(what);
+    return it == parts.end() ? PartCost{} : it->second;
+  };
+  const PartCost lf = part("layer fwd"), lb = part("layer bwd"), ef = part("embedding fwd"),
+                 eb = part("embedding bwd"), sf = part("loss fwd"), sb = part("loss bwd");
+  const int pp = l.pp, vpp = l.vpp, m = int(l.micro_batches());
+  const int per_stage = rep.world / pp;
+  auto layers_in = [&](int s, int c) {
+    return double(layers::train::layers_of(o.model, l, s, c).count);
+  };
+  auto duration = [&](int s, const PipelineAction& a) {
+    const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
+    const double n = layers_in(s, a.chunk);
+    return a.forward ? n * lf.ns + (first ? ef.ns : 0) + (last ? sf.ns : 0)
+                     : n * lb.ns + (first ? eb.ns : 0) + (last ? sb.ns : 0);
+  };
+  auto exposed_tp = [&](int s, const PipelineAction& a) {
+    const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
+    const double n = layers_in(s, a.chunk);
+    return a.forward ? n * lf.exposed_tp_ns + (first ? ef.exposed_tp_ns : 0) +
+                           (last ? sf.exposed_tp_ns : 0)
+                     : n * lb.exposed_tp_ns + (first ? eb.exposed_tp_ns : 0) +
+                           (last ? sb.exposed_tp_ns : 0);
+  };
+  // Transfers: an activation (or its gradient) of one micro-batch, between stage s and s + 1.
+  const double outside = l.sequence_parallel && l.tp > 1 ? l.tp : 1;
+  const double act_bytes = double(o.model.seq) / l.cp * double(l.micro_batch_size) *
+                           double(o.model.hidden) / outside * double(size_of(l.dtype));
+  std::vector<double> link_ns(static_cast<std::size_t>(pp));
+  for (int s = 0; s < pp; ++s)
+    link_ns[std::size_t(s)] = p2p_ns(prof, act_bytes, per_stage * s, per_stage * ((s + 1) % pp));
+
+  // Replay: every stage runs its actions in order; an action waits for its input's transfer.
+  std::vector<std::vector<PipelineAction>> actions(static_cast<std::size_t>(pp));
+  for (int s = 0; s < pp; ++s)
+    actions[std::size_t(s)] = layers::train::pipeline_actions(l.schedule, pp, vpp, m, s);
+  std::map<std::tuple<int, bool, int, int>, double> done;  // (stage, fwd, mb, chunk) -> end
+  std::vector<std::size_t> next(static_cast<std::size_t>(pp), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(pp), 0),
+      busy(static_cast<std::size_t>(pp), 0), exposed_pp(static_cast<std::size_t>(pp), 0),
+      exposed_tp_sum(static_cast<std::size_t>(pp), 0);
+  std::vector<double> fwd_link_free(static_cast<std::size_t>(pp), 0),
+      bwd_link_free(static_cast<std::size_t>(pp), 0);
+  std::map<std::tuple<int, bool, int, int>, double> arrival;  // input ready at the consumer
+  std::vector<std::vector<std::pair<double, double>>> spans(static_cast<std::size_t>(pp));
+  std::size_t remaining = 0;
+  for (const auto& a : actions)
+    remaining += a.size();
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int s = 0; s < pp; ++s) {
+      auto& i = next[std::size_t(s)];
+      while (i < actions[std::size_t(s)].size()) {
+        const PipelineAction& a = actions[std::size_t(s)][i];
+        double ready = free_at[std::size_t(s)], transfer = 0;
+        const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
+        if (a.forward && !first) {
+          const int from = s == 0 ? pp - 1 : s - 1, chunk = s == 0 ? a.chunk - 1 : a.chunk;
+          const auto it = done.find({from, true, a.micro_batch, chunk});
+          if (it == done.end()) break;
+          auto& link = fwd_link_free[std::size_t(from)];
+          const double start = std::max(it->second, link);
+          link = start + link_ns[std::size_t(from)];
+          transfer = link;
+        } else if (!a.forward && !last) {
+          const int from = s == pp - 1 ? 0 : s + 1, chunk = s == pp - 1 ? a.chunk + 1 : a.chunk;
+          const auto it = done.find({from, false, a.micro_batch, chunk});
+          if (it == done.end()) break;
+          auto& link = bwd_link_free[std::size_t(s)];
+          const double start = std::max(it->second, link);
+          link = start + link_ns[std::size_t(s)];
+          transfer = link;
+        }
+        if (transfer > ready) {
+          // Waiting for a transfer: the part of the wait the transfer itself takes is exposed
+          // PP communication, the rest is the bubble.
+          const double wire =
+              a.forward ? link_ns[std::size_t(s == 0 ? pp - 1 : s - 1)] : link_ns[std::size_t(s)];
+          exposed_pp[std::size_t(s)] += std::min(transfer - ready, wire);
+          ready = transfer;
+        }
+        const double d = duration(s, a);
+        done[{s, a.forward, a.micro_batch, a.chunk}] = ready + d;
+        spans[std::size_t(s)].push_back({ready, ready + d});
+        rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
+                                std::int64_t(ready), std::int64_t(ready + d)});
+        free_at[std::size_t(s)] = ready + d;
+        busy[std::size_t(s)] += d;
+        exposed_tp_sum[std::size_t(s)] += exposed_tp(s, a);
+        ++i;
+        --remaining;
+        progressed = true;
+      }
+    }
+    COCEMU_CHECK(progressed, Errc::internal, "step model: the {} schedule stalled",
+                 layers::train::to_string(l.schedule));
+  }
+
+  // DP: buckets of each stage, in the order the backward finalizes gradients.
+  const double grad_bytes_each = l.dtype == DType::f64 ? 8 : 4;
+  const double cap = l.bucket_mb * 1e6 / grad_bytes_each;
+  const double vocab_rows = double(layers::train::padded_vocab(o.model.vocab, l.tp)) / l.tp;
+  const double h = double(o.model.hidden), d_head = h / double(o.model.heads);
+  const double qkv = (double(o.model.heads) + 2.0 * double(o.model.kv())) * d_head;
+  const double up = o.model.swiglu ? 2.0 * double(o.model.ffn) : double(o.model.ffn);
+  const double layer_params[4] = {double(o.model.ffn) * h / l.tp, up * h / l.tp, h * h / l.tp,
+                                  qkv * h / l.tp};
+  std::vector<double> stage_end(static_cast<std::size_t>(pp)),
+      optimizer_ns(static_cast<std::size_t>(pp)), exposed_dp(static_cast<std::size_t>(pp), 0);
+  std::vector<int> dp_members(static_cast<std::size_t>(l.dp));
+  for (int s = 0; s < pp; ++s) {
+    for (int dr = 0; dr < l.dp; ++dr)
+      dp_members[std::size_t(dr)] = l.tp * l.cp * dr + per_stage * s;
+    // (ready time, elements) of every parameter.
+    std::vector<std::pair<double, double>> params;
+    for (int c = vpp - 1; c >= 0; --c) {
+      const double end = done[{s, false, m - 1, c}];
+      const double start = end - duration(s, {false, m - 1, c});
+      double at = start;
+      if (s == pp - 1 && c == vpp - 1) {
+        at += sb.ns;
+        params.push_back({at, vocab_rows * h});
+      }
+      for (double k = 0; k < layers_in(s, c); ++k) {
+        at += lb.ns;
+        for (const double p : layer_params)
+          params.push_back({at, p});
+      }
+      if (s == 0 && c == 0) params.push_back({end, vocab_rows * h});
+    }
+    double dp_free = 0, bucket = 0, ready = 0, held = 0, owned = 0, gather_ns = 0;
+    // The stage's compute end; a reduction overlapping compute slows it (and is slowed).
+    double compute_end = free_at[std::size_t(s)];
+    auto launch = [&] {
+      if (bucket == 0) return;
+      double n = bucket;
+      if (l.distributed_optimizer) n = std::ceil(n / l.dp) * l.dp;
+      owned += l.distributed_optimizer ? n / l.dp : n;
+      if (l.dp > 1) {
+        const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
+        const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / l.dp : n);
+        const auto mc = model_collective(
+            prof, op, dp_members, count, (l.dtype == DType::f64 ? DType::f64 : DType::f32),
+            std::uint64_t(n * grad_bytes_each), Algorithm::automatic, true);
+        const double start = std::max(ready, dp_free);
+        dp_free = contended(start, mc.cost.total_ns, compute_end, prof.contention);
+      }
+      if (l.distributed_optimizer) {
+        const auto ag = model_collective(
+            prof, CollOp::all_gather, dp_members, std::int64_t(n / l.dp), l.dtype,
+            std::uint64_t(n * double(size_of(l.dtype))), Algorithm::automatic, true);
+        gather_ns += ag.cost.total_ns;
+      }
+      bucket = 0;
+      held = 0;
+    };
+    for (const auto& [t, n] : params) {
+      bucket += n;
+      held += 1;
+      ready = t;
+      if ((l.bucket_params > 0 && held >= l.bucket_params) ||
+          (l.bucket_params == 0 && bucket >= cap))
+        launch();
+    }
+    launch();
+    const double last = compute_end;
+    stage_end[std::size_t(s)] = std::max(last, dp_free);
+    exposed_dp[std::size_t(s)] = std::max(0.0, dp_free - last);
+    const double adam_bytes = owned * (7 * grad_bytes_each + double(size_of(l.dtype)));
+    const double all_params = stage_parameters(o.model, l, s);
+    optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(all_params * grad_bytes_each)) +
+                                   memory_ns(prof, std::uint64_t(adam_bytes)) + gather_ns;
+    exposed_dp[std::size_t(s)] += gather_ns;
+  }
+  // The grad-norm all-reduce joins every stage, then each stage updates.
+  std::vector<int> everyone(static_cast<std::size_t>(rep.world));
+  for (int r = 0; r < rep.world; ++r)
+    everyone[std::size_t(r)] = r;
+  const double norm_ns = model_collective(prof, CollOp::all_reduce, everyone, 1,
+                                          (l.dtype == DType::f64 ? DType::f64 : DType::f32),
+                                          grad_bytes_each, Algorithm::automatic, true)
+                             .cost.total_ns;
+  const double sync = *std::max_element(stage_end.begin(), stage_end.end()) + norm_ns;
+  const double iteration = sync + *std::max_element(optimizer_ns.begin(), optimizer_ns.end());
+  rep.iteration_ns = std::int64_t(std::llround(iteration));
+  const double seconds = iteration * 1e-9;
+  rep.tokens_per_s = double(l.global_batch_size * o.model.seq) / seconds;
+  rep.tflops_per_device = model_flops_per_iteration(o.model, l) / rep.world / seconds / 1e12;
+  rep.mfu = rep.tflops_per_device * 1e12 / prof.peak(l.dtype);
+  double lo = INFINITY, hi = 0;
+  for (const auto& sp : spans)
+    for (const auto& [s, e] : sp) {
+      lo = std::min(lo, s);
+      hi = std::max(hi, e);
+    }
+  double idle = 0, tp = 0, pps = 0, dps = 0;
+  for (int s = 0; s < pp; ++s) {
+    idle += 1 - busy[std::size_t(s)] / (hi - lo);
+    tp += exposed_tp_sum[std::size_t(s)];
+    pps += exposed_pp[std::size_t(s)];
+    dps += exposed_dp[std::size_t(s)] + norm_ns;
+  }
+  rep.bubble_fraction = idle / pp;
+  rep.ideal_bubble_fraction = layers::train::ideal_bubble_fraction(pp, vpp, m);
+  rep.exposed_comm_ns = {{"TP", tp / pp}, {"CP", 0}, {"DP", dps / pp}, {"PP", pps / pp}};
+  rep.memory = estimate_memory(o.model, l, prof);
+  return rep;
+}
+
+}  // namespace cocemu::bench

@@ -1,0 +1,206 @@
+// `cocemu train`: a whole training step (TP × CP × DP × PP) — emulated rank by rank, or for
+// worlds too large to run, composed by the step model.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cocemu/bench/train/step_model.h"
+#include "cocemu/bench/train/train_config.h"
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/trace.h"
+#include "commands.h"
+
+namespace cocemu::cli {
+
+namespace {
+
+struct TrainOpts {
+  bench::TrainSettings flags;
+  std::string config, out_dir = "cocemu-train-out", json, engine = "auto";
+  bool dry_run = false, compare_coc = false;
+  // Raw flag values (CLI11 fills them; copied into `flags` with their names when given).
+  std::string model, profile, schedule, recompute_granularity, dtype, coc, coc_config;
+  std::int64_t tp = 0, cp = 0, pp = 0, dp = 0, vstage = 0, nodes = 0, iterations = 0, mbs = 0,
+               gbs = 0, bucket_params = 0;
+  double bucket_mb = 0;
+  bool sp = false, no_sp = false, dist_opt = false;
+};
+
+/// The largest world the emulator runs rank by rank; larger ones go to the step model.
+constexpr int kMaxEmulatedWorld = 64;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  COCEMU_CHECK_ARG(in.good(), "--config: cannot open '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& engine,
+                           layers::train::TrainResult* keep) {
+  const int world = setup.options.layout.world();
+  const bool model = engine == "model" || (engine == "auto" && world > kMaxEmulatedWorld);
+  if (model) {
+    COCEMU_CHECK_ARG(setup.dry_run,
+                     "{} devices are more than the {} the emulator runs with real numerics; add "
+                     "--dry-run (the step model prices the iteration)",
+                     world, kMaxEmulatedWorld);
+    return bench::model_step(setup);
+  }
+  COCEMU_CHECK_ARG(world <= kMaxEmulatedWorld,
+                   "--engine emulate: {} devices are more than the {} the emulator runs; use "
+                   "--engine model with --dry-run",
+                   world, kMaxEmulatedWorld);
+  WorldOptions w;
+  w.profile = setup.profile;
+  w.numerics = !setup.dry_run;
+  auto result = layers::train::train(setup.options, w);
+  auto rep = bench::report_from_run(setup, result);
+  if (keep) *keep = std::move(result);
+  return rep;
+}
+
+}  // namespace
+
+void add_train(CLI::App& app) {
+  auto o = std::make_shared<TrainOpts>();
+  CLI::App* sub = app.add_subcommand(
+      "train",
+      "a whole training step: TP × CP × DP × PP, GPipe/1F1B/interleaved pipelines, bucketed DP "
+      "gradient reduction, distributed optimizer, recompute, CoC — iteration time, MFU, bubble, "
+      "exposed comm by kind, memory");
+  sub->add_option("--config", o->config,
+                  "a MindFormers-style YAML (parallel_config, recompute_config, runner_config, "
+                  "train); flags that disagree with it are an error");
+  sub->add_option("--model", o->model,
+                  "model config (name under configs/models/ or a path); default: a tiny built-in "
+                  "decoder for real-numerics runs");
+  sub->add_option("--profile", o->profile, "device profile (name under configs/devices/ or path)");
+  number<std::int64_t>(sub, "--nodes", o->nodes, "nodes; the world is nodes × devices per node", 1,
+                       4096);
+  number<std::int64_t>(sub, "--tensor-model-parallel-size", o->tp, "tp", 1, 1 << 16);
+  number<std::int64_t>(sub, "--context-parallel-size", o->cp, "cp (not supported yet in train)", 1,
+                       1 << 16);
+  number<std::int64_t>(sub, "--pipeline-model-parallel-size", o->pp, "pp", 1, 1 << 16);
+  number<std::int64_t>(sub, "--data-parallel-size", o->dp, "dp (default: the rest of the world)", 1,
+                       1 << 20);
+  number<std::int64_t>(sub, "--num-layers-per-virtual-pipeline-stage", o->vstage,
+                       "layers per model chunk: interleaved 1F1B", 1, 1 << 16);
+  number<std::int64_t>(sub, "--micro-batch-size", o->mbs, "sequences per micro-batch", 1, 1 << 20);
+  number<std::int64_t>(sub, "--global-batch-size", o->gbs, "sequences per iteration", 1,
+                       std::int64_t(1) << 30);
+  sub->add_flag("--use-distributed-optimizer", o->dist_opt,
+                "shard master weights and Adam state over dp (reduce-scatter, all-gather)");
+  sub->add_option("--recompute-granularity", o->recompute_granularity, "full or selective");
+  sub->add_flag("--sequence-parallel", o->sp, "sequence parallelism (default with tp > 1)");
+  sub->add_flag("--no-sequence-parallel", o->no_sp, "no sequence parallelism");
+  sub->add_option("--schedule", o->schedule,
+                  "gpipe, 1f1b or interleaved (default: 1f1b; interleaved with virtual stages)");
+  sub->add_option("--dtype", o->dtype, "bf16 (default), f32 or f64");
+  sub->add_option("--coc", o->coc,
+                  "CoC strategy of the TP linears: serial, script-p2/p4/p8, fused");
+  sub->add_option("--coc-config", o->coc_config, "a tuned CoC config (from `cocemu tune`)");
+  number<std::int64_t>(sub, "--gradient-aggregation-group", o->bucket_params,
+                       "parameters per gradient bucket (MindFormers)", 1, 1 << 20);
+  number<double>(sub, "--bucket-mb", o->bucket_mb, "MB of f32 gradients per bucket (default 160)",
+                 1e-6, 1e6);
+  number<std::int64_t>(sub, "--iterations", o->iterations, "training iterations (default 3)", 1,
+                       1000);
+  sub->add_flag("--dry-run", o->dry_run, "shapes only: modeled time and memory, no numerics");
+  sub->add_option("--engine", o->engine,
+                  "emulate (rank by rank, up to 64 devices), model (the step model, dry runs) "
+                  "or auto")
+      ->check(CLI::IsMember({"auto", "emulate", "model"}))
+      ->capture_default_str();
+  sub->add_flag("--compare-coc", o->compare_coc,
+                "run the step with each CoC strategy and report each one's gain over serial");
+  sub->add_option("--out-dir", o->out_dir, "trace, SVG and train.json go here")
+      ->capture_default_str();
+  sub->add_option("--json", o->json, "write the report here (default: OUT_DIR/train.json)");
+  sub->callback([o, sub] {
+    auto& f = o->flags;
+    auto given = [&](const char* name) { return sub->count(name) > 0; };
+    if (given("--model")) f.model.set(o->model, "--model");
+    if (given("--profile")) f.profile.set(o->profile, "--profile");
+    if (given("--nodes")) f.nodes.set(o->nodes, "--nodes");
+    if (given("--tensor-model-parallel-size")) f.tp.set(o->tp, "--tensor-model-parallel-size");
+    if (given("--context-parallel-size")) f.cp.set(o->cp, "--context-parallel-size");
+    if (given("--pipeline-model-parallel-size")) f.pp.set(o->pp, "--pipeline-model-parallel-size");
+    if (given("--data-parallel-size")) f.dp.set(o->dp, "--data-parallel-size");
+    if (given("--num-layers-per-virtual-pipeline-stage"))
+      f.layers_per_virtual_stage.set(o->vstage, "--num-layers-per-virtual-pipeline-stage");
+    if (given("--micro-batch-size")) f.micro_batch_size.set(o->mbs, "--micro-batch-size");
+    if (given("--global-batch-size")) f.global_batch_size.set(o->gbs, "--global-batch-size");
+    if (o->dist_opt) f.distributed_optimizer.set(true, "--use-distributed-optimizer");
+    if (given("--recompute-granularity"))
+      f.recompute.set(o->recompute_granularity, "--recompute-granularity");
+    COCEMU_CHECK_ARG(!(o->sp && o->no_sp),
+                     "--sequence-parallel and --no-sequence-parallel cannot both be given");
+    if (o->sp) f.sequence_parallel.set(true, "--sequence-parallel");
+    if (o->no_sp) f.sequence_parallel.set(false, "--no-sequence-parallel");
+    if (given("--schedule")) f.schedule.set(o->schedule, "--schedule");
+    if (given("--dtype")) f.dtype.set(o->dtype, "--dtype");
+    if (given("--coc")) f.coc.set(o->coc, "--coc");
+    if (given("--coc-config")) f.coc_config.set(o->coc_config, "--coc-config");
+    if (given("--gradient-aggregation-group"))
+      f.bucket_params.set(o->bucket_params, "--gradient-aggregation-group");
+    if (given("--bucket-mb")) f.bucket_mb.set(o->bucket_mb, "--bucket-mb");
+    if (given("--iterations")) f.iterations.set(o->iterations, "--iterations");
+    bench::TrainSettings settings = f;
+    if (!o->config.empty())
+      settings =
+          bench::merge_settings(f, bench::parse_train_config(read_text(o->config), o->config));
+    COCEMU_CHECK_ARG(!(o->compare_coc && settings.coc.value),
+                     "--compare-coc runs every CoC strategy; do not also give {}",
+                     settings.coc.where);
+    const bench::TrainSetup setup = bench::resolve_settings(settings, o->dry_run);
+    check_output_dir("--out-dir", o->out_dir);
+    if (!o->json.empty()) check_output_file("--json", o->json);
+
+    layers::train::TrainResult kept;
+    const bench::TrainReport rep = run_one(setup, o->engine, &kept);
+    std::fputs(bench::format_report(rep).c_str(), stdout);
+    nlohmann::json j = bench::to_json(rep);
+    j["coc"] = setup.coc_name;
+    if (o->compare_coc) {
+      std::printf("\n# --compare-coc: the same step with each CoC strategy%s\n",
+                  setup.dry_run ? " (dry run: modeled only)" : "");
+      std::printf("%-12s %14s %10s %12s\n", "strategy", "iteration ms", "MFU %", "gain vs serial");
+      nlohmann::json rows = nlohmann::json::array();
+      double serial_ns = 0;
+      for (const char* name : {"serial", "script-p2", "script-p4", "script-p8", "fused"}) {
+        bench::TrainSettings s = settings;
+        s.coc.set(name, "--compare-coc");
+        const auto r = run_one(bench::resolve_settings(s, o->dry_run), o->engine, nullptr);
+        if (serial_ns == 0) serial_ns = double(r.iteration_ns);
+        const double gain = serial_ns / double(r.iteration_ns) - 1;
+        std::printf("%-12s %14.3f %10.1f %+11.1f%%\n", name, double(r.iteration_ns) / 1e6,
+                    100 * r.mfu, 100 * gain);
+        rows.push_back({{"coc", name},
+                        {"iteration_ns", r.iteration_ns},
+                        {"mfu", r.mfu},
+                        {"gain_over_serial", gain}});
+      }
+      j["compare_coc"] = rows;
+    }
+    const std::string base = o->out_dir + "/train";
+    std::printf("\n# outputs%s\n", setup.dry_run ? " (dry run: modeled only)" : "");
+    write_file("--out-dir", base + ".pipeline.svg", bench::pipeline_svg(rep));
+    std::printf("pipeline     %s.pipeline.svg\n", base.c_str());
+    if (rep.source == "emulated") {
+      write_chrome_trace(kept.run, base + ".trace.json");
+      write_svg_timeline(kept.run, base + ".svg",
+                         fmt::format("cocemu train: {} — {}{}", rep.model, rep.layout,
+                                     setup.dry_run ? " [dry run: no numerics]" : ""));
+      std::printf("trace        %s.trace.json  timeline %s.svg\n", base.c_str(), base.c_str());
+    }
+    const std::string json_path = o->json.empty() ? base + ".json" : o->json;
+    write_file(o->json.empty() ? "--out-dir" : "--json", json_path, j.dump(2) + "\n");
+    std::printf("results      %s\n", json_path.c_str());
+  });
+}
+
+}  // namespace cocemu::cli

@@ -1,0 +1,166 @@
+// Pipeline schedules (R-TR-3), the layout rules (R-TR-2) and the memory model (R-TR-7).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "cocemu/bench/train/train_report.h"
+#include "cocemu/layers/train/pipeline.h"
+#include "cocemu/runtime/error.h"
+
+namespace cocemu::layers::train {
+namespace {
+
+// Every schedule runs each (micro-batch, chunk) forward once and backward once, the backward
+// after the forward, and a chunk's backwards in micro-batch order (gradients accumulate in the
+// same order whatever the schedule).
+TEST(Pipeline, EverySchedulePassesEachMicroBatchOnceInOrder) {
+  struct C {
+    PipelineSchedule s;
+    int pp, vpp, m;
+  };
+  for (const C& c :
+       {C{PipelineSchedule::gpipe, 4, 1, 6}, C{PipelineSchedule::one_f_one_b, 4, 1, 6},
+        C{PipelineSchedule::one_f_one_b, 4, 1, 4}, C{PipelineSchedule::interleaved, 4, 2, 8},
+        C{PipelineSchedule::interleaved, 2, 3, 4}, C{PipelineSchedule::interleaved, 4, 2, 4}})
+    for (int stage = 0; stage < c.pp; ++stage) {
+      SCOPED_TRACE(
+          fmt::format("{} pp{} vpp{} m{} stage {}", to_string(c.s), c.pp, c.vpp, c.m, stage));
+      const auto a = pipeline_actions(c.s, c.pp, c.vpp, c.m, stage);
+      ASSERT_EQ(a.size(), std::size_t(2 * c.m * c.vpp));
+      std::map<std::pair<int, int>, int> fwd_at;
+      std::map<int, int> last_bwd_mb;
+      for (int i = 0; i < int(a.size()); ++i) {
+        const auto key = std::pair{a[std::size_t(i)].micro_batch, a[std::size_t(i)].chunk};
+        if (a[std::size_t(i)].forward) {
+          EXPECT_TRUE(fwd_at.emplace(key, i).second) << "forward twice";
+        } else {
+          ASSERT_TRUE(fwd_at.count(key)) << "backward before forward";
+          auto [it, fresh] = last_bwd_mb.emplace(key.second, key.first);
+          if (!fresh) EXPECT_EQ(key.first, it->second + 1) << "backwards out of order";
+          it->second = key.first;
+        }
+      }
+      EXPECT_EQ(fwd_at.size(), std::size_t(c.m * c.vpp));
+    }
+}
+
+// Megatron's warm-up counts: 1F1B pp − stage − 1; interleaved (pp − stage − 1)·2 + (vpp − 1)·pp.
+TEST(Pipeline, WarmupCountsAreMegatrons) {
+  auto warmup = [](const std::vector<PipelineAction>& a) {
+    int n = 0;
+    while (n < int(a.size()) && a[std::size_t(n)].forward)
+      ++n;
+    return n;
+  };
+  for (int stage = 0; stage < 4; ++stage) {
+    // The first backward follows the warm-up forwards and one steady-state forward.
+    EXPECT_EQ(warmup(pipeline_actions(PipelineSchedule::one_f_one_b, 4, 1, 8, stage)),
+              4 - stage - 1 + 1);
+    EXPECT_EQ(warmup(pipeline_actions(PipelineSchedule::interleaved, 4, 2, 8, stage)),
+              (4 - stage - 1) * 2 + (2 - 1) * 4 + 1);
+    EXPECT_EQ(warmup(pipeline_actions(PipelineSchedule::gpipe, 4, 1, 8, stage)), 8);
+  }
+  // Megatron's interleaved order: groups of pp micro-batches per chunk.
+  const auto a = pipeline_actions(PipelineSchedule::interleaved, 2, 2, 4, 0);
+  const std::vector<PipelineAction> first{{true, 0, 0}, {true, 1, 0}, {true, 0, 1}, {true, 1, 1}};
+  EXPECT_EQ(std::vector<PipelineAction>(a.begin(), a.begin() + 4), first);
+  EXPECT_THROW(pipeline_actions(PipelineSchedule::interleaved, 4, 2, 6, 0), Error);
+}
+
+DecoderShape gpt(std::int64_t h, std::int64_t a, std::int64_t s, std::int64_t layers) {
+  DecoderShape m;
+  m.name = "gpt";
+  m.hidden = h;
+  m.heads = a;
+  m.kv_heads = a;
+  m.ffn = 4 * h;
+  m.swiglu = false;
+  m.seq = s;
+  m.num_layers = layers;
+  m.vocab = 51200;
+  return m;
+}
+
+double sum(const std::vector<bench::MemoryTerm>& v) {
+  double s = 0;
+  for (const auto& t : v)
+    s += t.bytes;
+  return s;
+}
+
+// R-TR-7: Megatron's GPT layer, counted tensor by tensor, gives Korthikanti et al. (2022)'s
+// closed forms (Table 2: bytes per layer per micro-batch, 16-bit activations).
+TEST(Memory, LayerActivationsMatchKorthikantiClosedForms) {
+  const DecoderShape m = gpt(4096, 32, 2048, 32);
+  const double s = 2048, b = 2, h = 4096, a = 32;
+  for (int t : {1, 2, 8}) {
+    TrainLayout l;
+    l.tp = t;
+    l.micro_batch_size = 2;
+    l.dtype = DType::bf16;
+    const auto style = bench::megatron_gpt_style();
+    l.sequence_parallel = false;
+    EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)),
+                     s * b * h * (10 + 24.0 / t + 5 * a * s / (h * t)))
+        << "tp " << t;
+    l.sequence_parallel = true;
+    if (t > 1)
+      EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)),
+                       s * b * h / t * (34 + 5 * a * s / h))
+          << "tp " << t << " SP";
+    l.recompute = Recompute::selective;
+    if (t > 1)
+      EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)), 34 * s * b * h / t)
+          << "tp " << t << " SP + selective";
+    l.sequence_parallel = false;
+    EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)), s * b * h * (10 + 24.0 / t))
+        << "tp " << t << " selective";
+    l.recompute = Recompute::full;
+    EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)), 2 * s * b * h)
+        << "tp " << t << " full";
+  }
+}
+
+// Korthikanti et al. (2022), section 4.2.3: the first stage of 1F1B holds pp micro-batches of
+// L/pp layers (L layers' worth, whatever pp); interleaved holds L·(1 + (p − 1)/(p·v)).
+TEST(Memory, FirstStageHoldsKorthikantisLayerCount) {
+  for (int p : {2, 4, 8})
+    for (int v : {1, 2, 4}) {
+      TrainLayout l;
+      l.pp = p;
+      l.vpp = v;
+      l.schedule = v > 1 ? PipelineSchedule::interleaved : PipelineSchedule::one_f_one_b;
+      l.micro_batch_size = 1;
+      l.global_batch_size = 4 * p;
+      const double layers = 64, per_chunk = layers / (p * v);
+      const double want = v == 1 ? layers : layers * (1 + (p - 1.0) / (p * v));
+      EXPECT_DOUBLE_EQ(bench::peak_chunks_in_flight(l, 0) * per_chunk, want)
+          << "pp " << p << " vpp " << v;
+    }
+}
+
+// An out-of-memory verdict names the numbers and the largest terms.
+TEST(Memory, OutOfMemoryVerdictNamesTheLargestTerms) {
+  DeviceProfile prof;
+  prof.memory_capacity = 8e9;
+  TrainLayout l;
+  l.tp = 1;
+  l.micro_batch_size = 1;
+  l.global_batch_size = 1;
+  const auto est = bench::estimate_memory(gpt(4096, 32, 2048, 32), l, prof);
+  EXPECT_TRUE(est.oom);
+  EXPECT_NE(est.verdict.find("out of memory on stage 0"), std::string::npos) << est.verdict;
+  EXPECT_NE(est.verdict.find("optimizer state"), std::string::npos) << est.verdict;
+  EXPECT_NE(est.verdict.find("8.0 GB"), std::string::npos) << est.verdict;
+  TrainLayout sharded = l;
+  sharded.dp = 8;
+  sharded.global_batch_size = 8;
+  sharded.distributed_optimizer = true;
+  const auto s = bench::estimate_memory(gpt(4096, 32, 2048, 32), sharded, prof);
+  EXPECT_LT(s.peak_bytes, est.peak_bytes);
+}
+
+}  // namespace
+}  // namespace cocemu::layers::train

@@ -1,0 +1,328 @@
+// `cocemu train` (R-TR-2, R-TR-9, R-TR-10): the layout rules one by one, settings from flags and
+// MindFormers YAML, the report and its files, and the step model against the emulated step.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "cocemu/bench/train/step_model.h"
+#include "cocemu/bench/train/train_config.h"
+#include "cocemu/layers/train/layout.h"
+#include "testing.h"
+
+namespace cocemu::layers::train {
+namespace {
+
+DecoderShape shape() {
+  DecoderShape m;
+  m.hidden = 64;
+  m.heads = 8;
+  m.kv_heads = 4;
+  m.ffn = 128;
+  m.num_layers = 8;
+  m.vocab = 1000;
+  m.seq = 32;
+  return m;
+}
+
+TrainLayout layout(int tp, int dp, int pp) {
+  TrainLayout l;
+  l.tp = tp;
+  l.dp = dp;
+  l.pp = pp;
+  l.micro_batch_size = 2;
+  l.global_batch_size = 2 * dp * 2 * pp;
+  l.sequence_parallel = tp > 1;
+  return l;
+}
+
+void expect_rule(const DecoderShape& m, const TrainLayout& l, int world,
+                 const std::vector<std::string>& fragments) {
+  testing::expect_error([&] { check_layout(m, l, world); }, Errc::invalid_argument, fragments);
+}
+
+// R-TR-2: every MindFormers rule and Megatron assertion, one by one, with its numbers.
+TEST(TrainLayoutRules, EachRuleIsAClearError) {
+  const DecoderShape m = shape();
+  EXPECT_NO_THROW(check_layout(m, layout(2, 2, 2), 8));
+  expect_rule(m, layout(2, 2, 2), 16,
+              {"data_parallel 2", "model_parallel 2", "pipeline_stage 2",
+               "= 8 must equal the number of devices, 16"});
+  {
+    TrainLayout l = layout(2, 2, 2);
+    l.global_batch_size = 10;
+    expect_rule(m, l, 8, {"global batch size 10", "micro batch size 2", "data parallel 2 = 4"});
+  }
+  {
+    TrainLayout l = layout(1, 1, 4);
+    l.global_batch_size = 6;  // 3 micro-batches for 4 stages
+    expect_rule(m, l, 4, {"micro_batch_num 3", "pipeline_stage 4"});
+  }
+  {
+    DecoderShape odd = m;
+    odd.hidden = 66;
+    odd.heads = 6;
+    odd.kv_heads = 6;
+    expect_rule(odd, layout(4, 1, 1), 4,
+                {"hidden_size 66 is not divisible by model_parallel 4", "rearrangement"});
+  }
+  {
+    DecoderShape few = m;
+    few.kv_heads = 2;
+    expect_rule(few, layout(4, 1, 1), 4, {"KV groups 2", "model_parallel 4"});
+  }
+  {
+    DecoderShape five = m;
+    five.num_layers = 5;
+    expect_rule(five, layout(1, 1, 2), 2, {"num_layers 5", "pipeline_stage 2", "explicit split"});
+    TrainLayout split = layout(1, 1, 2);
+    split.stage_layers = {3, 2};
+    const auto warn = check_layout(five, split, 2);
+    ASSERT_EQ(warn.warnings.size(), 1u);
+    EXPECT_NE(warn.warnings[0].find("uneven"), std::string::npos);
+    split.stage_layers = {3, 3};
+    expect_rule(five, split, 2, {"sums to 6 layers, not 5"});
+  }
+  {
+    TrainLayout l = layout(1, 1, 2);
+    l.vpp = 2;
+    expect_rule(m, l, 2, {"virtual pipeline stages (2)", "interleaved"});
+    l.schedule = PipelineSchedule::interleaved;
+    l.global_batch_size = 6;  // 3 micro-batches, not a multiple of 2 stages
+    expect_rule(m, l, 2, {"micro_batch_num 3", "multiple of pipeline_stage 2"});
+  }
+  {
+    TrainLayout l = layout(1, 1, 1);
+    l.micro_batch_interleave = 3;
+    expect_rule(m, l, 1, {"micro_batch_interleave_num must be 1 or 2, not 3"});
+    l.micro_batch_interleave = 2;
+    l.micro_batch_size = 3;
+    l.global_batch_size = 3;
+    expect_rule(m, l, 1, {"micro batch size 3 must be even"});
+  }
+  {
+    DecoderShape v = m;
+    v.vocab = 1001;
+    const auto warn = check_layout(v, layout(2, 2, 2), 8);
+    ASSERT_FALSE(warn.warnings.empty());
+    EXPECT_NE(warn.warnings[0].find("vocab_size 1001"), std::string::npos);
+  }
+}
+
+std::string cocemu(const std::string& args, int* status) {
+  return testing::run_command(std::string(COCEMU_BINARY) + " train " + args, status);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// R-TR-10: the default real-numerics step, its JSON fields and files; the pipeline SVG renders.
+TEST(TrainCli, DefaultRunReportsEveryFigure) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_train_cli";
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  const std::string out = cocemu("--out-dir " + dir, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("tp2 cp1 dp2 pp2"), std::string::npos) << out;
+  const auto j = read_json(dir + "/train.json");
+  for (const char* k : {"iteration_ns", "tokens_per_s", "mfu", "bubble_fraction", "exposed_comm_ns",
+                        "memory", "peak_memory_bytes", "oom", "layout", "dry_run"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_FALSE(j["dry_run"].get<bool>());
+  EXPECT_GT(j["iteration_ns"].get<double>(), 0);
+  EXPECT_GT(j["bubble_fraction"].get<double>(), 0);
+  for (const char* k : {"TP", "CP", "DP", "PP"})
+    EXPECT_TRUE(j["exposed_comm_ns"].contains(k)) << k;
+  EXPECT_EQ(j["loss"].size(), 3u);
+  for (const char* f : {"train.pipeline.svg", "train.svg", "train.trace.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  if (std::system("command -v rsvg-convert >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "rsvg-convert not installed (bootstrap.sh installs librsvg2-bin)";
+  ASSERT_EQ(
+      std::system(("rsvg-convert -o " + dir + "/p.png " + dir + "/train.pipeline.svg").c_str()), 0);
+  std::ifstream p(dir + "/p.png", std::ios::binary);
+  char magic[8] = {};
+  p.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// A dry run says so everywhere it reports; a full-size world goes to the step model.
+TEST(TrainCli, FullSizeDryRunUsesTheStepModelAndSaysSo) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_train_dry";
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  const std::string out = cocemu(
+      "--dry-run --model llama2-70b --nodes 64 --tensor-model-parallel-size 8 "
+      "--pipeline-model-parallel-size 8 --global-batch-size 1024 --out-dir " +
+          dir,
+      &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("[ dry run"), std::string::npos) << out;
+  EXPECT_NE(out.find("step model"), std::string::npos) << out;
+  const auto j = read_json(dir + "/train.json");
+  EXPECT_TRUE(j["dry_run"].get<bool>());
+  EXPECT_NE(j["note"].get<std::string>().find("no numerics"), std::string::npos);
+  EXPECT_EQ(j["world"].get<int>(), 512);
+  EXPECT_TRUE(j["loss"].empty());
+  const std::string svg = [&] {
+    std::ifstream in(dir + "/train.pipeline.svg");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  EXPECT_NE(svg.find("dry run"), std::string::npos);
+  // Without --dry-run the same world is refused, naming the limit.
+  const std::string err = cocemu(
+      "--model llama2-70b --nodes 64 --tensor-model-parallel-size 8 "
+      "--pipeline-model-parallel-size 8 --global-batch-size 1024 --out-dir " +
+          dir,
+      &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("512 devices"), std::string::npos) << err;
+  EXPECT_NE(err.find("--dry-run"), std::string::npos) << err;
+}
+
+// R-TR-9: a MindFormers file sets the layout; a flag that disagrees is an error naming both; an
+// unknown key is an error with file:line.
+TEST(TrainCli, MindFormersYamlAndFlagsMustAgree) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_train_yaml";
+  std::filesystem::create_directories(dir);
+  const std::string cfg = dir + "/parallel.yaml";
+  std::ofstream(cfg) << "parallel:\n"
+                        "  enable_parallel_optimizer: true\n"
+                        "parallel_config:\n"
+                        "  data_parallel: 2\n"
+                        "  model_parallel: 2\n"
+                        "  pipeline_stage: 2\n"
+                        "  use_seq_parallel: true\n"
+                        "  micro_batch_num: 4\n"
+                        "recompute_config:\n"
+                        "  recompute: true\n"
+                        "runner_config:\n"
+                        "  batch_size: 2\n";
+  int status = 0;
+  std::string out = cocemu("--config " + cfg + " --dry-run --out-dir " + dir, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("tp2 cp1 dp2 pp2 mbs2 gbs16 1f1b sp dist-opt recompute-full"),
+            std::string::npos)
+      << out;
+  out = cocemu("--config " + cfg + " --tensor-model-parallel-size 4 --dry-run --out-dir " + dir,
+               &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--tensor-model-parallel-size = 4 disagrees with " + cfg + ":5"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("model_parallel = 2"), std::string::npos) << out;
+  std::ofstream(cfg) << "parallel_config:\n  model_parallel: 2\n  pipline_stage: 2\n";
+  out = cocemu("--config " + cfg + " --dry-run --out-dir " + dir, &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find(cfg + ":3"), std::string::npos) << out;
+  EXPECT_NE(out.find("pipline_stage"), std::string::npos) << out;
+}
+
+// Bad layouts from the command line: clear errors naming the numbers, never a hang.
+TEST(TrainCli, BadLayoutsAreClearErrors) {
+  struct Case {
+    std::string args;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases{
+      {"--pipeline-model-parallel-size 4 --global-batch-size 4",
+       {"micro_batch_num 2", "pipeline_stage 4"}},
+      {"--global-batch-size 7", {"global batch size 7", "micro batch size 2"}},
+      {"--tensor-model-parallel-size 3", {"8 devices", "not divisible by tp 3"}},
+      {"--schedule zigzag", {"unknown pipeline schedule 'zigzag'", "gpipe, 1f1b, interleaved"}},
+      {"--coc script-p3", {"'script-p3'", "serial, script-p2"}},
+      {"--model llama2-70b --nodes 2 --tensor-model-parallel-size 8 --dry-run "
+       "--global-batch-size 3",
+       {"global batch size 3", "data parallel 2"}},
+      {"--context-parallel-size 2 --pipeline-model-parallel-size 1", {"context parallel"}},
+  };
+  for (const auto& c : cases) {
+    int status = 0;
+    const std::string out = cocemu(c.args + " --out-dir " + ::testing::TempDir(), &status);
+    EXPECT_NE(status, 0) << c.args;
+    for (const auto& f : c.fragments)
+      EXPECT_NE(out.find(f), std::string::npos) << c.args << " → " << out;
+  }
+}
+
+// --compare-coc runs every strategy and reports its gain over serial.
+TEST(TrainCli, CompareCocReportsEachStrategy) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_train_cmp";
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  const std::string out = cocemu("--compare-coc --dry-run --out-dir " + dir, &status);
+  ASSERT_EQ(status, 0) << out;
+  const auto j = read_json(dir + "/train.json");
+  ASSERT_EQ(j["compare_coc"].size(), 5u);
+  EXPECT_EQ(j["compare_coc"][0]["coc"], "serial");
+  EXPECT_EQ(j["compare_coc"][0]["gain_over_serial"].get<double>(), 0.0);
+  for (const char* s : {"script-p2", "script-p8", "fused"})
+    EXPECT_NE(out.find(s), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace cocemu::layers::train
+
+namespace cocemu::bench {
+namespace {
+
+// The step model against the emulated step (both dry runs) on layouts both can run: within 10%
+// (it leaves out link sharing between concurrent collectives; see step_model.h).
+TEST(StepModel, AgreesWithTheEmulatedStep) {
+  layers::train::DecoderShape m;
+  m.name = "mid";
+  m.hidden = 2048;
+  m.heads = 16;
+  m.kv_heads = 16;
+  m.ffn = 5504;
+  m.num_layers = 8;
+  m.vocab = 32000;
+  m.seq = 2048;
+  struct C {
+    int tp, dp, pp, vpp;
+    layers::train::PipelineSchedule s;
+    layers::train::Recompute r;
+    bool dist;
+  };
+  using layers::train::PipelineSchedule;
+  using layers::train::Recompute;
+  for (const C& c : {C{2, 2, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, false},
+                     C{2, 1, 4, 1, PipelineSchedule::one_f_one_b, Recompute::none, false},
+                     C{2, 2, 2, 2, PipelineSchedule::interleaved, Recompute::none, false},
+                     C{4, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, true},
+                     C{2, 2, 2, 1, PipelineSchedule::gpipe, Recompute::full, false},
+                     C{2, 4, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, true}}) {
+    TrainSetup s;
+    s.dry_run = true;
+    s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+    auto& o = s.options;
+    o.model = m;
+    o.layout.tp = c.tp;
+    o.layout.dp = c.dp;
+    o.layout.pp = c.pp;
+    o.layout.vpp = c.vpp;
+    o.layout.schedule = c.s;
+    o.layout.recompute = c.r;
+    o.layout.distributed_optimizer = c.dist;
+    o.layout.micro_batch_size = 1;
+    o.layout.global_batch_size = 8 * c.dp;
+    o.iterations = 2;
+    WorldOptions w;
+    w.profile = s.profile;
+    w.numerics = false;
+    const auto emulated = report_from_run(s, layers::train::train(o, w));
+    const auto modeled = model_step(s);
+    const double ratio = double(modeled.iteration_ns) / double(emulated.iteration_ns);
+    EXPECT_NEAR(ratio, 1.0, 0.10) << o.layout.describe() << ": step model " << modeled.iteration_ns
+                                  << " ns, emulated " << emulated.iteration_ns << " ns";
+    EXPECT_NEAR(modeled.bubble_fraction, emulated.bubble_fraction, 0.06) << o.layout.describe();
+  }
+}
+
+}  // namespace
+}  // namespace cocemu::bench

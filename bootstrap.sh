@@ -52,7 +52,7 @@ case "${1:-}" in
     deps
     build build-tsan -DCOCEMU_SANITIZE=thread
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives|attention|layers|bench' --output-on-failure --timeout 900
+      ctest --test-dir build-tsan -j "$JOBS" -L 'runtime|collectives|attention|layers|bench|train' --output-on-failure --timeout 900
     ;;
   asan)
     deps

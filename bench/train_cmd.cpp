@@ -21,7 +21,9 @@ struct TrainOpts {
   std::string config, out_dir = "cocemu-train-out", json, engine = "auto";
   bool dry_run = false, compare_coc = false;
   // Raw flag values (CLI11 fills them; copied into `flags` with their names when given).
-  std::string model, profile, schedule, recompute_granularity, dtype, coc, coc_config;
+  std::string model, profile, schedule, recompute_granularity, dtype, coc, coc_config, cp_algo;
+  std::int64_t cp_window = 0, ulysses = 0;
+  bool cp_overlap = false;
   std::int64_t tp = 0, cp = 0, pp = 0, dp = 0, vstage = 0, nodes = 0, iterations = 0, mbs = 0,
                gbs = 0, bucket_params = 0;
   double bucket_mb = 0;
@@ -82,8 +84,14 @@ void add_train(CLI::App& app) {
   number<std::int64_t>(sub, "--nodes", o->nodes, "nodes; the world is nodes × devices per node", 1,
                        4096);
   number<std::int64_t>(sub, "--tensor-model-parallel-size", o->tp, "tp", 1, 1 << 16);
-  number<std::int64_t>(sub, "--context-parallel-size", o->cp, "cp (not supported yet in train)", 1,
+  number<std::int64_t>(sub, "--context-parallel-size", o->cp, "cp", 1, 1 << 16);
+  sub->add_option("--context-parallel-algo", o->cp_algo,
+                  "megatron_cp_algo (ring, default), ulysses_cp_algo or hybrid_cp_algo");
+  number<std::int64_t>(sub, "--cp-window-size", o->cp_window, "double ring window", 1, 1 << 16);
+  number<std::int64_t>(sub, "--ulysses-degree-in-cp", o->ulysses, "hybrid: Ulysses degree", 1,
                        1 << 16);
+  sub->add_flag("--use-cp-send-recv-overlap", o->cp_overlap,
+                "ring sends and receives on two communicators");
   number<std::int64_t>(sub, "--pipeline-model-parallel-size", o->pp, "pp", 1, 1 << 16);
   number<std::int64_t>(sub, "--data-parallel-size", o->dp, "dp (default: the rest of the world)", 1,
                        1 << 20);
@@ -128,6 +136,11 @@ void add_train(CLI::App& app) {
     if (given("--nodes")) f.nodes.set(o->nodes, "--nodes");
     if (given("--tensor-model-parallel-size")) f.tp.set(o->tp, "--tensor-model-parallel-size");
     if (given("--context-parallel-size")) f.cp.set(o->cp, "--context-parallel-size");
+    if (given("--context-parallel-algo")) f.cp_algo.set(o->cp_algo, "--context-parallel-algo");
+    if (given("--cp-window-size")) f.cp_window_size.set(o->cp_window, "--cp-window-size");
+    if (given("--ulysses-degree-in-cp"))
+      f.ulysses_degree_in_cp.set(o->ulysses, "--ulysses-degree-in-cp");
+    if (o->cp_overlap) f.cp_send_recv_overlap.set(true, "--use-cp-send-recv-overlap");
     if (given("--pipeline-model-parallel-size")) f.pp.set(o->pp, "--pipeline-model-parallel-size");
     if (given("--data-parallel-size")) f.dp.set(o->dp, "--data-parallel-size");
     if (given("--num-layers-per-virtual-pipeline-stage"))

@@ -58,6 +58,7 @@ TransformerWeights TransformerWeights::shapes(const TransformerConfig& c) {
 struct TransformerLayer::Saved {
   Tensor x, n1, rms1, q, k, v, attn, lse, h1, n2, rms2, up, act;
   std::vector<std::int64_t> pos;
+  attn::CpAttention::Saved cp;
 };
 
 struct TransformerLayer::Context {
@@ -85,7 +86,7 @@ void TransformerLayer::restore_context(std::shared_ptr<Context> c) {
 }
 
 TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
-                                   const TransformerWeights& w)
+                                   const TransformerWeights& w, const ContextParallel* cp)
     : tp_(tp), c_(c) {
   const int ws = tp.size(), r = tp.rank();
   COCEMU_CHECK_ARG(c.hidden % c.heads == 0 && c.heads % c.kv() == 0,
@@ -96,9 +97,25 @@ TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
                    "TransformerLayer: heads {}, KV groups {} and ffn {} must be divisible by the "
                    "TP size {} (Megatron asserts the same)",
                    c.heads, c.kv(), c.ffn, ws);
-  COCEMU_CHECK_ARG(!c.sequence_parallel || (c.seq * c.batch) % ws == 0,
-                   "TransformerLayer: seq·batch = {} must be divisible by the TP size {} with SP",
-                   c.seq * c.batch, ws);
+  if (cp && cp->group.size() > 1) {
+    attn::CpConfig config = cp->config;
+    config.context_parallel_size = cp->group.size();
+    config.tensor_model_parallel_size = ws;
+    attn::AttentionProblem problem{.batch = c.batch,
+                                   .heads = c.heads / ws,
+                                   .kv_heads = c.kv() / ws,
+                                   .seq = c.seq,
+                                   .head_dim = c.head_dim(),
+                                   .dtype = c.dtype};
+    Group g = cp->group;
+    cp_attn_ = std::make_unique<attn::CpAttention>(g, config, problem);
+    cp_size_ = g.size();
+  }
+  const std::int64_t s_local = c.seq / cp_size_;
+  COCEMU_CHECK_ARG(!c.sequence_parallel || (s_local * c.batch) % ws == 0,
+                   "TransformerLayer: local seq·batch = {} must be divisible by the TP size {} "
+                   "with SP",
+                   s_local * c.batch, ws);
   const std::int64_t h = c.hidden, hl = h / ws, kvl = c.kv() * c.head_dim() / ws, fl = c.ffn / ws;
   const Rank& rank = tp.owner();
   // Shards: stacked row blocks of the full weights, or column blocks (row-parallel layers).
@@ -167,10 +184,39 @@ class Segment {
 
 }  // namespace
 
+void TransformerLayer::local_attention_forward(Rank& rank, const std::shared_ptr<Saved>& s,
+                                               const Tensor& out, const Tensor& lse,
+                                               const char* name) const {
+  const int ws = tp_.size();
+  const std::int64_t heads_l = c_.heads / ws, kv_l = c_.kv() / ws, d = c_.head_dim(),
+                     hl = heads_l * d, kvl = kv_l * d;
+  attn::AttentionArgs a;
+  a.shape = {c_.batch, heads_l, kv_l, c_.seq, c_.seq, d};
+  a.layout = attn::Layout::sbh;
+  a.mask.kind = attn::MaskKind::causal;
+  const double flops = 2.0 * double(c_.batch * heads_l) * double(c_.seq * c_.seq) * double(d);
+  rank.current_stream().launch(
+      {.name = fmt::format("{} {}x{}", name, c_.seq, c_.seq),
+       .cls = OpClass::compute,
+       .work_ns =
+           attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d, c_.dtype, 0.5),
+       .flops = std::uint64_t(flops)},
+      [=, seq = c_.seq, batch = c_.batch] {
+        attn::AttentionArgs aa = a;
+        aa.q_pos = aa.k_pos = &s->pos;
+        const Shape q_sbh{seq, batch, hl}, kv_sbh{seq, batch, kvl};
+        const Tensor wide = widened(out);
+        attn::attention_forward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
+                                widened(s->v).reshape(kv_sbh), wide.reshape(q_sbh), lse);
+        narrow_into(out, wide);
+      });
+}
+
 Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   Rank& rank = tp_.owner();
   const int ws = tp_.size();
-  const std::int64_t m = c_.seq * c_.batch, ml = c_.sequence_parallel ? m / ws : m;
+  const std::int64_t s_local = cp_attn_ ? c_.seq / cp_size_ : c_.seq;
+  const std::int64_t m = s_local * c_.batch, ml = c_.sequence_parallel ? m / ws : m;
   const std::int64_t h = c_.hidden, hl = h / ws, heads_l = c_.heads / ws, kv_l = c_.kv() / ws,
                      d = c_.head_dim(), kvl = kv_l * d, fl = c_.ffn / ws;
   COCEMU_CHECK_ARG(x.ndim() == 2 && x.size(0) == ml && x.size(1) == h && x.dtype() == c_.dtype,
@@ -197,34 +243,24 @@ Tensor TransformerLayer::forward(const Tensor& x, const LinearOptions& o) {
   // Core attention over this rank's heads, causal, SBH layout ([S, B, heads·d] = the [m, hl] rows).
   // Queued kernels own what they read (values and the shared saved state, never `this`), so a
   // layer may be destroyed before its streams drain, as PyTorch's in-flight kernels keep theirs.
-  if (rank.numerics()) {  // positions are for the numerics only
-    s->pos.resize(std::size_t(c_.seq));
-    for (std::int64_t i = 0; i < c_.seq; ++i)
-      s->pos[std::size_t(i)] = i;
+  const Shape q_sbh{s_local, c_.batch, hl}, kv_sbh{s_local, c_.batch, kvl};
+  if (cp_attn_) {  // context parallel: MindSpeed's CP attention over the cp group
+    const auto out =
+        cp_attn_->forward(s->q.reshape(q_sbh), s->k.reshape(kv_sbh), s->v.reshape(kv_sbh));
+    s->attn = out.out.reshape({m, hl});
+    s->lse = out.lse;
+    s->cp = cp_attn_->take_saved();
+  } else {
+    if (rank.numerics()) {  // positions are for the numerics only
+      s->pos.resize(std::size_t(c_.seq));
+      for (std::int64_t i = 0; i < c_.seq; ++i)
+        s->pos[std::size_t(i)] = i;
+    }
+    s->attn = alloc(rank, {m, hl}, c_.dtype);
+    s->lse =
+        alloc(rank, {c_.batch, heads_l, c_.seq}, c_.dtype == DType::f64 ? DType::f64 : DType::f32);
+    local_attention_forward(rank, s, s->attn, s->lse, "core attention fwd");
   }
-  s->attn = alloc(rank, {m, hl}, c_.dtype);
-  s->lse =
-      alloc(rank, {c_.batch, heads_l, c_.seq}, c_.dtype == DType::f64 ? DType::f64 : DType::f32);
-  attn::AttentionArgs a;
-  a.shape = {c_.batch, heads_l, kv_l, c_.seq, c_.seq, d};
-  a.layout = attn::Layout::sbh;
-  a.mask.kind = attn::MaskKind::causal;
-  const double flops = 2.0 * double(c_.batch * heads_l) * double(c_.seq * c_.seq) * double(d);
-  rank.current_stream().launch(
-      {.name = fmt::format("core attention fwd {}x{}", c_.seq, c_.seq),
-       .cls = OpClass::compute,
-       .work_ns =
-           attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d, c_.dtype, 0.5),
-       .flops = std::uint64_t(flops)},
-      [=, seq = c_.seq, batch = c_.batch] {
-        attn::AttentionArgs aa = a;
-        aa.q_pos = aa.k_pos = &s->pos;
-        const Shape q_sbh{seq, batch, hl}, kv_sbh{seq, batch, kvl};
-        const Tensor out = widened(s->attn);
-        attn::attention_forward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
-                                widened(s->v).reshape(kv_sbh), out.reshape(q_sbh), s->lse);
-        narrow_into(s->attn, out);
-      });
   Tensor proj;
   {
     Segment seg(rank, "fwd attn.out");
@@ -279,7 +315,8 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
   COCEMU_CHECK_ARG(saved_, "TransformerLayer::backward on rank {} before forward", rank.id());
   const auto s = saved_;
   const int ws = tp_.size();
-  const std::int64_t m = c_.seq * c_.batch, hl = c_.hidden / ws, heads_l = c_.heads / ws,
+  const std::int64_t s_local = cp_attn_ ? c_.seq / cp_size_ : c_.seq;
+  const std::int64_t m = s_local * c_.batch, hl = c_.hidden / ws, heads_l = c_.heads / ws,
                      kv_l = c_.kv() / ws, d = c_.head_dim(), kvl = kv_l * d, fl = c_.ffn / ws;
   LinearOptions lo = o;
   // MLP: dy -> d(act) -> d(up) -> d(n2) -> d(h1) (+ residual).
@@ -318,31 +355,51 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
     lo.label = "attn.out";
     dattn = out_->backward(dh1, lo);
   }
-  Tensor dq = alloc(rank, {m, hl}, c_.dtype), dk = alloc(rank, {m, kvl}, c_.dtype),
-         dv = alloc(rank, {m, kvl}, c_.dtype);
-  attn::AttentionArgs a;
-  a.shape = {c_.batch, heads_l, kv_l, c_.seq, c_.seq, d};
-  a.layout = attn::Layout::sbh;
-  a.mask.kind = attn::MaskKind::causal;
-  rank.current_stream().launch(
-      {.name = fmt::format("core attention bwd {}x{}", c_.seq, c_.seq),
-       .cls = OpClass::compute,
-       .work_ns = 2.5 * attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
-                                     c_.dtype, 0.5)},
-      [=, seq = c_.seq, batch = c_.batch] {
-        attn::AttentionArgs aa = a;
-        aa.q_pos = aa.k_pos = &s->pos;
-        const Shape q_sbh{seq, batch, hl}, kv_sbh{seq, batch, kvl};
-        const Tensor attn = widened(s->attn).reshape(q_sbh), dout = widened(dattn).reshape(q_sbh);
-        const Tensor dq32 = widened(dq), dk32 = widened(dk), dv32 = widened(dv);
-        const Tensor delta = attn::attention_delta(aa, attn, dout);
-        attn::attention_backward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
-                                 widened(s->v).reshape(kv_sbh), dout, s->lse, delta,
-                                 dq32.reshape(q_sbh), dk32.reshape(kv_sbh), dv32.reshape(kv_sbh));
-        narrow_into(dq, dq32);
-        narrow_into(dk, dk32);
-        narrow_into(dv, dv32);
-      });
+  Tensor dq, dk, dv;
+  if (cp_attn_) {
+    const Shape q_sbh{s_local, c_.batch, hl}, kv_sbh{s_local, c_.batch, kvl};
+    if (c_.recompute_core_attention)  // selective recompute: the CP forward again (its comm too)
+      cp_attn_->forward(s->q.reshape(q_sbh), s->k.reshape(kv_sbh), s->v.reshape(kv_sbh));
+    else
+      cp_attn_->restore_saved(s->cp);
+    const auto g = cp_attn_->backward(dattn.reshape(q_sbh));
+    dq = g.dq.reshape({m, hl});
+    dk = g.dk.reshape({m, kvl});
+    dv = g.dv.reshape({m, kvl});
+  } else {
+    dq = alloc(rank, {m, hl}, c_.dtype);
+    dk = alloc(rank, {m, kvl}, c_.dtype);
+    dv = alloc(rank, {m, kvl}, c_.dtype);
+    Tensor attn = s->attn, lse = s->lse;
+    if (c_.recompute_core_attention) {  // selective recompute: the forward kernel again
+      attn = alloc(rank, s->attn.shape(), c_.dtype);
+      lse = alloc(rank, s->lse.shape(), s->lse.dtype());
+      local_attention_forward(rank, s, attn, lse, "core attention recompute");
+    }
+    attn::AttentionArgs a;
+    a.shape = {c_.batch, heads_l, kv_l, c_.seq, c_.seq, d};
+    a.layout = attn::Layout::sbh;
+    a.mask.kind = attn::MaskKind::causal;
+    rank.current_stream().launch(
+        {.name = fmt::format("core attention bwd {}x{}", c_.seq, c_.seq),
+         .cls = OpClass::compute,
+         .work_ns = 2.5 * attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
+                                       c_.dtype, 0.5)},
+        [=, seq = c_.seq, batch = c_.batch] {
+          attn::AttentionArgs aa = a;
+          aa.q_pos = aa.k_pos = &s->pos;
+          const Shape q_sbh{seq, batch, hl}, kv_sbh{seq, batch, kvl};
+          const Tensor out = widened(attn).reshape(q_sbh), dout = widened(dattn).reshape(q_sbh);
+          const Tensor dq32 = widened(dq), dk32 = widened(dk), dv32 = widened(dv);
+          const Tensor delta = attn::attention_delta(aa, out, dout);
+          attn::attention_backward(aa, widened(s->q).reshape(q_sbh), widened(s->k).reshape(kv_sbh),
+                                   widened(s->v).reshape(kv_sbh), dout, lse, delta,
+                                   dq32.reshape(q_sbh), dk32.reshape(kv_sbh), dv32.reshape(kv_sbh));
+          narrow_into(dq, dq32);
+          narrow_into(dk, dk32);
+          narrow_into(dv, dv32);
+        });
+  }
   Tensor dqkv = alloc(rank, {m, hl + 2 * kvl}, c_.dtype);
   detail::copy_columns(rank, dq, dqkv, 0, true);
   detail::copy_columns(rank, dk, dqkv, hl, true);

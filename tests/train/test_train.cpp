@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -113,6 +114,11 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.recompute = Recompute::full;
   });
   add("dist-opt", [](TrainOptions& o) { o.layout.distributed_optimizer = true; });
+  add("pp2 selective recompute", [](TrainOptions& o) {
+    o.layout.pp = 2;
+    o.layout.schedule = PipelineSchedule::one_f_one_b;
+    o.layout.recompute = Recompute::selective;
+  });
   add("pp2 dist-opt one bucket", [](TrainOptions& o) {
     o.layout.pp = 2;
     o.layout.distributed_optimizer = true;
@@ -145,6 +151,28 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
   pp2.layout.pp = 2;
   pp2.layout.schedule = PipelineSchedule::one_f_one_b;
   expect_same_training(want, train(pp2, seeded), "schedule seed");
+  // With context parallelism (a fixed cp = 2): pipeline layouts, recompute and sharding.
+  TrainOptions cp2 = base;
+  cp2.layout.cp = 2;
+  cp2.layout.dp = 1;
+  cp2.layout.global_batch_size = 8;
+  cp2.model.seq = 16;
+  const TrainResult want_cp = train(cp2, {});
+  for (auto edit : std::vector<std::function<void(TrainOptions&)>>{
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.schedule = PipelineSchedule::one_f_one_b;
+           },
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.recompute = Recompute::selective;
+             o.layout.distributed_optimizer = true;
+           },
+           [](TrainOptions& o) { o.layout.recompute = Recompute::full; }}) {
+    TrainOptions o = cp2;
+    edit(o);
+    expect_same_training(want_cp, train(o, {}), "cp2 " + o.layout.describe());
+  }
   // The comparison can fail: another learning rate changes the weights after one step.
   TrainOptions other = base;
   other.adam.lr *= 1.5;
@@ -179,18 +207,24 @@ double rel_diff(const Tensor& a, const Tensor& b) {
 // single-rank f64 implementation within 1e-12.
 TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
   struct L {
-    int tp, dp, pp;
+    int tp, dp, pp, cp;
     bool dist_opt;
+    std::string cp_algo = "megatron_cp_algo";
   };
-  for (const L& c : {L{1, 1, 1, false}, L{2, 2, 1, false}, L{4, 1, 2, true}, L{2, 2, 2, true},
-                     L{1, 4, 2, false}}) {
-    SCOPED_TRACE(fmt::format("tp{} dp{} pp{}", c.tp, c.dp, c.pp));
+  for (const L& c :
+       {L{1, 1, 1, 1, false}, L{2, 2, 1, 1, false}, L{4, 1, 2, 1, true}, L{2, 2, 2, 1, true},
+        L{1, 4, 2, 1, false}, L{1, 1, 1, 2, false}, L{2, 1, 2, 2, true},
+        L{1, 2, 1, 2, false, "ulysses_cp_algo"}, L{1, 1, 1, 4, false, "hybrid_cp_algo"}}) {
+    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {}", c.tp, c.cp, c.dp, c.pp, c.cp_algo));
     TrainOptions o = options(c.tp, c.dp, c.pp);
+    o.layout.cp = c.cp;
+    o.layout.cp_algo = c.cp_algo;
+    if (c.cp_algo == "hybrid_cp_algo") o.layout.ulysses_degree_in_cp = 2;
     o.layout.dtype = DType::f64;
     o.layout.global_batch_size = 8;
     o.layout.micro_batch_size = 8 / (c.dp * std::max(2, c.pp));
+    o.model.seq = 8 * c.cp;  // 2·cp chunks of the load-balanced causal split
     o.layout.distributed_optimizer = c.dist_opt;
-    o.model.seq = 8;
     o.model.kv_heads = c.tp == 4 ? 4 : 2;  // KV groups divisible by tp
     o.iterations = 2;
     const auto want = reference::train_reference(o);

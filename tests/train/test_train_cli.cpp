@@ -239,7 +239,11 @@ TEST(TrainCli, BadLayoutsAreClearErrors) {
       {"--model llama2-70b --nodes 2 --tensor-model-parallel-size 8 --dry-run "
        "--global-batch-size 3",
        {"global batch size 3", "data parallel 2"}},
-      {"--context-parallel-size 2 --pipeline-model-parallel-size 1", {"context parallel"}},
+      {"--context-parallel-size 2 --pipeline-model-parallel-size 1",
+       {"context parallel attention runs its numerics in f32 or f64, not bf16", "--dtype f32"}},
+      {"--context-parallel-size 2 --pipeline-model-parallel-size 1 --dtype f32 "
+       "--context-parallel-algo zigzag_cp_algo",
+       {"zigzag_cp_algo"}},
   };
   for (const auto& c : cases) {
     int status = 0;
@@ -288,6 +292,8 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     layers::train::PipelineSchedule s;
     layers::train::Recompute r;
     bool dist;
+    int cp = 1;
+    std::string cp_algo = "megatron_cp_algo";
   };
   using layers::train::PipelineSchedule;
   using layers::train::Recompute;
@@ -296,7 +302,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
                      C{2, 2, 2, 2, PipelineSchedule::interleaved, Recompute::none, false},
                      C{4, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, true},
                      C{2, 2, 2, 1, PipelineSchedule::gpipe, Recompute::full, false},
-                     C{2, 4, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, true}}) {
+                     C{2, 4, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, true},
+                     C{2, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 2},
+                     C{2, 1, 1, 1, PipelineSchedule::one_f_one_b, Recompute::selective, false, 4,
+                       "ulysses_cp_algo"}}) {
     TrainSetup s;
     s.dry_run = true;
     s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
@@ -309,6 +318,8 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     o.layout.schedule = c.s;
     o.layout.recompute = c.r;
     o.layout.distributed_optimizer = c.dist;
+    o.layout.cp = c.cp;
+    o.layout.cp_algo = c.cp_algo;
     o.layout.micro_batch_size = 1;
     o.layout.global_batch_size = 8 * c.dp;
     o.iterations = 2;

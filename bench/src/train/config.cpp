@@ -67,6 +67,13 @@ TrainSettings parse_train_config(const std::string& text, const std::string& ori
     read(p, "gradient_aggregation_group", s.bucket_params,
          [&] { return p.integer("gradient_aggregation_group", 1, kMax); });
     read(p, "pp_interleave_num", s.vpp, [&] { return p.integer("pp_interleave_num", 1, 64); });
+    read(p, "context_parallel_algo", s.cp_algo, [&] { return p.string("context_parallel_algo"); });
+    read(p, "cp_window_size", s.cp_window_size,
+         [&] { return p.integer("cp_window_size", 1, kMax); });
+    read(p, "ulysses_degree_in_cp", s.ulysses_degree_in_cp,
+         [&] { return p.integer("ulysses_degree_in_cp", 1, kMax); });
+    read(p, "use_cp_send_recv_overlap", s.cp_send_recv_overlap,
+         [&] { return p.boolean("use_cp_send_recv_overlap"); });
     p.finish();
   }
   read(top, "micro_batch_interleave_num", s.micro_batch_interleave,
@@ -124,6 +131,10 @@ TrainSettings merge_settings(const TrainSettings& f, const TrainSettings& y) {
   take(s.dtype, f.dtype, y.dtype);
   take(s.coc, f.coc, y.coc);
   take(s.coc_config, f.coc_config, y.coc_config);
+  take(s.cp_algo, f.cp_algo, y.cp_algo);
+  take(s.cp_window_size, f.cp_window_size, y.cp_window_size);
+  take(s.ulysses_degree_in_cp, f.ulysses_degree_in_cp, y.ulysses_degree_in_cp);
+  take(s.cp_send_recv_overlap, f.cp_send_recv_overlap, y.cp_send_recv_overlap);
   take(s.tp, f.tp, y.tp);
   take(s.cp, f.cp, y.cp);
   take(s.dp, f.dp, y.dp);
@@ -227,6 +238,10 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
   l.bucket_params = int(s.bucket_params.value.value_or(0));
   if (s.bucket_mb.value) l.bucket_mb = *s.bucket_mb.value;
   l.dtype = parse_train_dtype(s.dtype);
+  l.cp_algo = s.cp_algo.value.value_or("megatron_cp_algo");
+  l.cp_window_size = int(s.cp_window_size.value.value_or(1));
+  l.ulysses_degree_in_cp = int(s.ulysses_degree_in_cp.value.value_or(0));
+  l.use_cp_send_recv_overlap = s.cp_send_recv_overlap.value.value_or(false);
   l.recompute = layers::train::parse_recompute(s.recompute.value.value_or("none"));
   if (s.layers_per_virtual_stage.value) {
     const std::int64_t per = *s.layers_per_virtual_stage.value;

@@ -48,7 +48,9 @@ std::vector<MemoryTerm> layer_activations(const DecoderShape& m, const TrainLayo
       add("softmax dropout output", e * a * s * s * b / t);
     }
   }
-  if (style.flash_attention) add("attention log-sum-exp (f32)", 4 * a * s * b / t);
+  // Flash attention keeps only its log-sum-exp; selective recompute drops that too.
+  if (style.flash_attention && l.recompute != Recompute::selective)
+    add("attention log-sum-exp (f32)", 4 * a * s * b / t);
   add("attention output (out-proj input)", e * tokens * h / t);
   if (style.dropout) add("attention dropout mask", tokens * h / outside);
   add("norm2 input", e * tokens * h / outside);

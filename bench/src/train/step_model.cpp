@@ -20,9 +20,9 @@ using layers::train::TrainLayout;
 
 namespace {
 
-/// Device time and exposed TP communication of one model part, per micro-batch.
+/// Device time and exposed TP and CP communication of one model part, per micro-batch.
 struct PartCost {
-  double ns = 0, exposed_tp_ns = 0;
+  double ns = 0, exposed_tp_ns = 0, exposed_cp_ns = 0;
 };
 
 /// Emulates one micro-batch through the embedding, one layer and the loss on one TP group (dry
@@ -30,7 +30,6 @@ struct PartCost {
 std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
   layers::train::TrainOptions o = setup.options;
   TrainLayout& l = o.layout;
-  l.cp = 1;
   l.dp = 1;
   l.pp = 1;
   l.vpp = 1;
@@ -51,28 +50,38 @@ std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
   std::map<std::string, PartCost> parts;
   for (const auto& p : r.pieces) {
     std::int64_t lo = INT64_MAX, hi = 0;
-    std::vector<std::pair<std::int64_t, std::int64_t>> compute, comm;
+    std::vector<std::pair<std::int64_t, std::int64_t>> compute, tp, cp;
     for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
       if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
       lo = std::min(lo, times[i].start_ns);
       hi = std::max(hi, times[i].end_ns);
-      auto& into = ops[i].cls == OpClass::comm ? comm : compute;
-      if (ops[i].cls != OpClass::comm || lanes[std::size_t(ops[i].lane)] == "comm")
-        into.push_back({times[i].start_ns, times[i].end_ns});
+      const std::string& lane = lanes[std::size_t(ops[i].lane)];
+      if (ops[i].cls != OpClass::comm)
+        compute.push_back({times[i].start_ns, times[i].end_ns});
+      else if (lane == "comm")
+        tp.push_back({times[i].start_ns, times[i].end_ns});
+      else if (lane.rfind("cp", 0) == 0)
+        cp.push_back({times[i].start_ns, times[i].end_ns});
     }
     PartCost c;
     if (hi > lo) c.ns = double(hi - lo);
-    // Exposed TP communication: comm time not covered by any compute of the part.
+    // Exposed communication: comm time not covered by any compute of the part.
     std::sort(compute.begin(), compute.end());
-    for (const auto& [s, e] : comm) {
-      std::int64_t at = s, covered = 0;
-      for (const auto& [cs, ce] : compute) {
-        if (ce <= at || cs >= e) continue;
-        covered += std::min(ce, e) - std::max(cs, at);
-        at = std::min(ce, e);
+    auto exposed = [&](const std::vector<std::pair<std::int64_t, std::int64_t>>& comm) {
+      double total = 0;
+      for (const auto& [s, e] : comm) {
+        std::int64_t at = s, covered = 0;
+        for (const auto& [cs, ce] : compute) {
+          if (ce <= at || cs >= e) continue;
+          covered += std::min(ce, e) - std::max(cs, at);
+          at = std::min(ce, e);
+        }
+        total += double(e - s - covered);
       }
-      c.exposed_tp_ns += double(e - s - covered);
-    }
+      return total;
+    };
+    c.exposed_tp_ns = exposed(tp);
+    c.exposed_cp_ns = exposed(cp);
     parts[p.what] = c;
   }
   return parts;
@@ -107,10 +116,6 @@ TrainReport model_step(const TrainSetup& setup) {
   const DeviceProfile& prof = *setup.profile;
   TrainReport rep;
   rep.warnings = layers::train::check_layout(o.model, l, l.world()).warnings;
-  COCEMU_CHECK_ARG(l.cp == 1,
-                   "context parallelism inside the training step is not supported yet "
-                   "(cp {})",
-                   l.cp);
   rep.model = o.model.name;
   rep.layout = l.describe();
   rep.profile = prof.name;
@@ -146,6 +151,9 @@ TrainReport model_step(const TrainSetup& setup) {
                      : n * lb.exposed_tp_ns + (first ? eb.exposed_tp_ns : 0) +
                            (last ? sb.exposed_tp_ns : 0);
   };
+  auto exposed_cp = [&](int s, const PipelineAction& a) {  // only layers communicate over cp
+    return layers_in(s, a.chunk) * (a.forward ? lf.exposed_cp_ns : lb.exposed_cp_ns);
+  };
   // Transfers: an activation (or its gradient) of one micro-batch, between stage s and s + 1.
   const double outside = l.sequence_parallel && l.tp > 1 ? l.tp : 1;
   const double act_bytes = double(o.model.seq) / l.cp * double(l.micro_batch_size) *
@@ -162,7 +170,8 @@ TrainReport model_step(const TrainSetup& setup) {
   std::vector<std::size_t> next(static_cast<std::size_t>(pp), 0);
   std::vector<double> free_at(static_cast<std::size_t>(pp), 0),
       busy(static_cast<std::size_t>(pp), 0), exposed_pp(static_cast<std::size_t>(pp), 0),
-      exposed_tp_sum(static_cast<std::size_t>(pp), 0);
+      exposed_tp_sum(static_cast<std::size_t>(pp), 0),
+      exposed_cp_sum(static_cast<std::size_t>(pp), 0);
   std::vector<double> fwd_link_free(static_cast<std::size_t>(pp), 0),
       bwd_link_free(static_cast<std::size_t>(pp), 0);
   std::map<std::tuple<int, bool, int, int>, double> arrival;  // input ready at the consumer
@@ -211,6 +220,7 @@ TrainReport model_step(const TrainSetup& setup) {
         free_at[std::size_t(s)] = ready + d;
         busy[std::size_t(s)] += d;
         exposed_tp_sum[std::size_t(s)] += exposed_tp(s, a);
+        exposed_cp_sum[std::size_t(s)] += exposed_cp(s, a);
         ++i;
         --remaining;
         progressed = true;
@@ -231,10 +241,12 @@ TrainReport model_step(const TrainSetup& setup) {
                                   qkv * h / l.tp};
   std::vector<double> stage_end(static_cast<std::size_t>(pp)),
       optimizer_ns(static_cast<std::size_t>(pp)), exposed_dp(static_cast<std::size_t>(pp), 0);
-  std::vector<int> dp_members(static_cast<std::size_t>(l.dp));
+  // Gradients are reduced over dp × cp (rank = tp + tp·(cp + cp·(dp + dp·pp))).
+  const int dpc = l.dp * l.cp;
+  std::vector<int> dp_members(static_cast<std::size_t>(dpc));
   for (int s = 0; s < pp; ++s) {
-    for (int dr = 0; dr < l.dp; ++dr)
-      dp_members[std::size_t(dr)] = l.tp * l.cp * dr + per_stage * s;
+    for (int i = 0; i < dpc; ++i)
+      dp_members[std::size_t(i)] = l.tp * i + per_stage * s;
     // (ready time, elements) of every parameter.
     std::vector<std::pair<double, double>> params;
     for (int c = vpp - 1; c >= 0; --c) {
@@ -258,11 +270,11 @@ TrainReport model_step(const TrainSetup& setup) {
     auto launch = [&] {
       if (bucket == 0) return;
       double n = bucket;
-      if (l.distributed_optimizer) n = std::ceil(n / l.dp) * l.dp;
-      owned += l.distributed_optimizer ? n / l.dp : n;
-      if (l.dp > 1) {
+      if (l.distributed_optimizer) n = std::ceil(n / dpc) * dpc;
+      owned += l.distributed_optimizer ? n / dpc : n;
+      if (dpc > 1) {
         const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
-        const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / l.dp : n);
+        const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / dpc : n);
         const auto mc = model_collective(
             prof, op, dp_members, count, (l.dtype == DType::f64 ? DType::f64 : DType::f32),
             std::uint64_t(n * grad_bytes_each), Algorithm::automatic, true);
@@ -271,7 +283,7 @@ TrainReport model_step(const TrainSetup& setup) {
       }
       if (l.distributed_optimizer) {
         const auto ag = model_collective(
-            prof, CollOp::all_gather, dp_members, std::int64_t(n / l.dp), l.dtype,
+            prof, CollOp::all_gather, dp_members, std::int64_t(n / dpc), l.dtype,
             std::uint64_t(n * double(size_of(l.dtype))), Algorithm::automatic, true);
         gather_ns += ag.cost.total_ns;
       }
@@ -317,16 +329,17 @@ TrainReport model_step(const TrainSetup& setup) {
       lo = std::min(lo, s);
       hi = std::max(hi, e);
     }
-  double idle = 0, tp = 0, pps = 0, dps = 0;
+  double idle = 0, tp = 0, cps = 0, pps = 0, dps = 0;
   for (int s = 0; s < pp; ++s) {
     idle += 1 - busy[std::size_t(s)] / (hi - lo);
     tp += exposed_tp_sum[std::size_t(s)];
+    cps += exposed_cp_sum[std::size_t(s)];
     pps += exposed_pp[std::size_t(s)];
     dps += exposed_dp[std::size_t(s)] + norm_ns;
   }
   rep.bubble_fraction = idle / pp;
   rep.ideal_bubble_fraction = layers::train::ideal_bubble_fraction(pp, vpp, m);
-  rep.exposed_comm_ns = {{"TP", tp / pp}, {"CP", 0}, {"DP", dps / pp}, {"PP", pps / pp}};
+  rep.exposed_comm_ns = {{"TP", tp / pp}, {"CP", cps / pp}, {"DP", dps / pp}, {"PP", pps / pp}};
   rep.memory = estimate_memory(o.model, l, prof);
   return rep;
 }

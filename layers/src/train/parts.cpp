@@ -286,8 +286,8 @@ void ParamBuffers::finish_reductions() {
                 [g = grads_, s = grad_shard_] { s.copy_from(g); });
 }
 
-void ParamBuffers::update(Group& dp, int step, const AdamOptions& a, bool gradients_mean) {
-  const double scale = gradients_mean ? 1.0 / double(dp_) : 1.0;
+void ParamBuffers::update(Group& dp, int step, const AdamOptions& a, double grad_scale) {
+  const double scale = grad_scale;
   const double c1 = 1 - std::pow(a.beta1, step), c2 = 1 - std::pow(a.beta2, step);
   for (const auto& b : buckets_) {
     const std::int64_t first = owned_offset(b), n = owned_numel(b), s0 = b.state_offset;

@@ -102,8 +102,9 @@ class ParamBuffers {
   void finish_reductions();
   /// The gradients this rank updates (all of them, or its shards), reduced over DP.
   Tensor owned_grads() const { return sharded_ ? grad_shard_ : grads_; }
-  /// Adam (step `step`, from 1) on the owned part; with sharding, all-gathers the parameters.
-  void update(Group& dp, int step, const AdamOptions& adam, bool gradients_mean);
+  /// Adam (step `step`, from 1) on the owned part, the reduced gradients times `grad_scale`
+  /// (1/dp with gradients_mean); with sharding, all-gathers the parameters.
+  void update(Group& dp, int step, const AdamOptions& adam, double grad_scale);
   /// Master weights from the parameters (once their values have been bound in).
   void init_master();
   /// The parameters' values (for reports and tests).

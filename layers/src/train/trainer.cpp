@@ -103,6 +103,17 @@ struct Links {
   int fwd_in_peer = 0, fwd_out_peer = 0, bwd_in_peer = 0, bwd_out_peer = 0;
 };
 
+attn::CpConfig cp_config(const TrainLayout& l) {
+  attn::CpConfig c;
+  c.context_parallel_size = l.cp;
+  c.context_parallel_algo = l.cp_algo;
+  c.cp_window_size = l.cp_window_size;
+  c.ulysses_degree_in_cp = l.ulysses_degree_in_cp;
+  c.use_cp_send_recv_overlap = l.use_cp_send_recv_overlap;
+  c.tensor_model_parallel_size = l.tp;
+  return c;
+}
+
 Links make_links(Rank& rank, const TrainLayout& l, int stage) {
   Links links;
   if (l.pp == 1) return links;
@@ -145,12 +156,21 @@ class StageRunner {
 
   void run() {
     mesh_ = make_mesh(rank_, {l_.tp, l_.cp, l_.dp, l_.pp});
-    mesh_.dp.set_stream(rank_.new_stream("dp comm"));
+    world_ = Group::world(rank_);
+    // Gradients are reduced over dp × cp (every cp rank saw other tokens), as Megatron's
+    // data-parallel group with context parallelism.
+    dp_cp_ =
+        split(world_, mesh_.tp_rank + l_.tp * mesh_.pp_rank, mesh_.cp_rank + l_.cp * mesh_.dp_rank);
+    dp_cp_.set_stream(rank_.new_stream("dp comm"));
+    world_.set_stream(dp_cp_.stream());  // the grad-norm all-reduce, with the DP traffic
+    if (l_.cp > 1) {
+      mesh_.cp.set_stream(rank_.new_stream("cp comm"));
+      cp_ = ContextParallel{mesh_.cp, cp_config(l_)};
+      positions_ = attn::token_positions(cp_.config, o_.model.seq, mesh_.cp_rank);
+    }
     stage_ = mesh_.pp_rank;
     links_ = make_links(rank_, l_, stage_);
     build_model();
-    world_ = Group::world(rank_);
-    world_.set_stream(mesh_.dp.stream());  // the grad-norm all-reduce, with the DP traffic
     const int m = int(l_.micro_batches());
     const auto actions = pipeline_actions(l_.schedule, l_.pp, l_.vpp, m, stage_);
     std::vector<std::uint32_t> firsts;
@@ -195,7 +215,7 @@ class StageRunner {
 
   bool first_stage_chunk(int chunk) const { return stage_ == 0 && chunk == 0; }
   bool last_stage_chunk(int chunk) const { return stage_ == l_.pp - 1 && chunk == l_.vpp - 1; }
-  std::int64_t rows() const { return o_.model.seq * l_.micro_batch_size; }
+  std::int64_t rows() const { return o_.model.seq / l_.cp * l_.micro_batch_size; }
   std::int64_t local_rows() const { return l_.sequence_parallel ? rows() / l_.tp : rows(); }
 
   void build_model() {
@@ -209,7 +229,8 @@ class StageRunner {
                      .kv_heads = md.kv_heads,
                      .activation = md.swiglu ? Activation::swiglu : Activation::gelu,
                      .sequence_parallel = sp,
-                     .dtype = l_.dtype};
+                     .dtype = l_.dtype,
+                     .recompute_core_attention = l_.recompute == Recompute::selective};
     const std::int64_t vocab = padded_vocab(md.vocab, l_.tp);
     auto table = [&](bool head) {
       if (!rank_.numerics()) return Tensor::shape_only({vocab, md.hidden}, l_.dtype);
@@ -246,7 +267,8 @@ class StageRunner {
                            ? TransformerWeights::random(layer_config_, layer_seed(o_, index))
                            : TransformerWeights::shapes(layer_config_);
         chunks_[std::size_t(c)].push_back(
-            {index, std::make_unique<TransformerLayer>(mesh_.tp, layer_config_, w)});
+            {index, std::make_unique<TransformerLayer>(mesh_.tp, layer_config_, w,
+                                                       l_.cp > 1 ? &cp_ : nullptr)});
       }
     }
     for (int c = l_.vpp - 1; c >= 0; --c)
@@ -272,9 +294,9 @@ class StageRunner {
       });
       embedding_slot_ = int(slots.size()) - 1;
     }
-    buffers_ = std::make_unique<detail::ParamBuffers>(rank_, std::move(slots), l_.dtype, l_.dp,
-                                                      mesh_.dp_rank, l_.distributed_optimizer,
-                                                      l_.bucket_params, l_.bucket_mb);
+    buffers_ = std::make_unique<detail::ParamBuffers>(
+        rank_, std::move(slots), l_.dtype, dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
+        l_.bucket_params, l_.bucket_mb);
     for (int i = 0; i < int(binds.size()); ++i)
       binds[std::size_t(i)].bind(buffers_->param(i), buffers_->grad(i));
     buffers_->init_master();
@@ -285,8 +307,17 @@ class StageRunner {
     const std::int64_t first =
         std::int64_t(iteration_) * l_.global_batch_size +
         (std::int64_t(mesh_.dp_rank) * l_.micro_batches() + micro_batch) * l_.micro_batch_size;
-    return std::make_shared<const detail::Batch>(
-        synthetic_batch(o_.seed, o_.model.vocab, o_.model.seq, l_.micro_batch_size, first));
+    auto full = synthetic_batch(o_.seed, o_.model.vocab, o_.model.seq, l_.micro_batch_size, first);
+    if (l_.cp == 1) return std::make_shared<const detail::Batch>(std::move(full));
+    // This cp rank's tokens: rows (position, sample) for its positions, in storage order.
+    detail::Batch mine;
+    const std::int64_t b = l_.micro_batch_size;
+    for (const std::int64_t pos : positions_)
+      for (std::int64_t i = 0; i < b; ++i) {
+        mine.tokens.push_back(full.tokens[std::size_t(pos * b + i)]);
+        mine.labels.push_back(full.labels[std::size_t(pos * b + i)]);
+      }
+    return std::make_shared<const detail::Batch>(std::move(mine));
   }
 
   struct Key {
@@ -316,9 +347,9 @@ class StageRunner {
     }
     if (last_stage_chunk(a.chunk)) {
       auto slot = std::make_shared<double>(std::nan(""));
-      if (rank_.numerics() && mesh_.tp_rank == 0 && mesh_.cp_rank == 0) {
+      if (rank_.numerics() && mesh_.tp_rank == 0) {
         std::lock_guard lock(out_.mu);
-        out_.loss[std::size_t(iteration)][std::size_t(mesh_.dp_rank)][std::size_t(a.micro_batch)] =
+        out_.loss[std::size_t(iteration)][std::size_t(dp_cp_.rank())][std::size_t(a.micro_batch)] =
             slot;
       }
       loss_saved_[a.micro_batch] = piece(
@@ -333,10 +364,12 @@ class StageRunner {
     Tensor dy;
     if (last_stage_chunk(a.chunk)) {
       auto node = loss_saved_.extract(a.micro_batch);
+      // Megatron scales each micro-batch's loss by 1/micro-batches (and by 1/cp: every cp rank
+      // averages over its seq/cp tokens).
       dy = piece("loss bwd", [&] {
-        return loss_->backward(node.mapped(), 1.0 / double(l_.micro_batches()), o_.linear);
+        return loss_->backward(node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp), o_.linear);
       });
-      if (last_micro_batch) buffers_->grad_ready(0, mesh_.dp);
+      if (last_micro_batch) buffers_->grad_ready(0, dp_cp_);
     } else {
       dy = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
       irecv(links_.bwd_in, dy, links_.bwd_in_peer).wait();
@@ -356,11 +389,11 @@ class StageRunner {
       });
       if (last_micro_batch)
         for (int p = 0; p < 4; ++p)
-          buffers_->grad_ready(it->first_slot + p, mesh_.dp);
+          buffers_->grad_ready(it->first_slot + p, dp_cp_);
     }
     if (first_stage_chunk(a.chunk)) {
       piece("embedding bwd", [&] { embedding_->backward(batch(a.micro_batch), dy); });
-      if (last_micro_batch) buffers_->grad_ready(embedding_slot_, mesh_.dp);
+      if (last_micro_batch) buffers_->grad_ready(embedding_slot_, dp_cp_);
     } else {
       isend(links_.bwd_out, dy, links_.bwd_out_peer);
     }
@@ -374,8 +407,8 @@ class StageRunner {
     const Tensor g = buffers_->owned_grads();
     const DType acc = g.dtype();
     Tensor norm2 = alloc(rank_, {1}, acc);
-    // Replicated gradients (no sharding) are counted by every dp rank: divide by dp.
-    const double share = l_.distributed_optimizer ? 1.0 : 1.0 / double(l_.dp);
+    // Replicated gradients (no sharding) are counted by every dp × cp rank: divide by that.
+    const double share = l_.distributed_optimizer ? 1.0 : 1.0 / double(l_.dp * l_.cp);
     const double mean = l_.gradients_mean ? 1.0 / double(l_.dp) : 1.0;
     layers::detail::elementwise(rank_, "grad norm", g.nbytes(), [g, norm2, share, mean] {
       double s = 0;
@@ -394,7 +427,7 @@ class StageRunner {
       out_.grad_norm[std::size_t(iteration)] = slot;
     }
     const Adam& a = o_.adam;
-    buffers_->update(mesh_.dp, iteration + 1, {a.lr, a.beta1, a.beta2, a.eps}, l_.gradients_mean);
+    buffers_->update(dp_cp_, iteration + 1, {a.lr, a.beta1, a.beta2, a.eps}, mean);
   }
 
   void collect(std::vector<std::uint32_t> firsts) {
@@ -419,7 +452,9 @@ class StageRunner {
   const TrainLayout& l_;
   Collected& out_;
   Mesh mesh_;
-  Group world_;
+  Group world_, dp_cp_;
+  ContextParallel cp_;
+  std::vector<std::int64_t> positions_;  // this cp rank's token positions
   Links links_;
   int stage_ = 0, iteration_ = 0;
   TransformerConfig layer_config_;
@@ -441,13 +476,17 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   const TrainLayout& l = o.layout;
   TrainResult result;
   result.warnings = check_layout(o.model, l, l.world()).warnings;
-  COCEMU_CHECK_ARG(l.cp == 1,
-                   "context parallelism inside the training step is not supported yet (cp {}); "
-                   "`cocemu attention` models CP attention on its own",
-                   l.cp);
-  COCEMU_CHECK_ARG(l.recompute != Recompute::selective,
-                   "selective recompute is not supported by the training step yet; use none or "
-                   "full");
+  COCEMU_CHECK_ARG(l.cp == 1 || !world.numerics || l.dtype == DType::f32 || l.dtype == DType::f64,
+                   "context parallel attention runs its numerics in f32 or f64, not {}: use "
+                   "--dtype f32 (or --dry-run to model {})",
+                   name_of(l.dtype), name_of(l.dtype));
+  if (l.cp > 1)
+    attn::validate(cp_config(l), {.batch = l.micro_batch_size,
+                                  .heads = o.model.heads / l.tp,
+                                  .kv_heads = o.model.kv() / l.tp,
+                                  .seq = o.model.seq,
+                                  .head_dim = o.model.hidden / o.model.heads,
+                                  .dtype = l.dtype});
   COCEMU_CHECK_ARG(l.micro_batch_interleave == 1,
                    "micro_batch_interleave_num {} is not supported by the training step yet",
                    l.micro_batch_interleave);
@@ -457,9 +496,10 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   result.padded_vocab = padded_vocab(o.model.vocab, l.tp);
   Collected out;
   const int m = int(l.micro_batches());
-  out.loss.assign(std::size_t(o.iterations),
-                  std::vector<std::vector<std::shared_ptr<double>>>(
-                      std::size_t(l.dp), std::vector<std::shared_ptr<double>>(std::size_t(m))));
+  out.loss.assign(
+      std::size_t(o.iterations),
+      std::vector<std::vector<std::shared_ptr<double>>>(
+          std::size_t(l.dp * l.cp), std::vector<std::shared_ptr<double>>(std::size_t(m))));
   out.grad_norm.assign(std::size_t(o.iterations), nullptr);
   out.iteration_first_op.resize(std::size_t(l.world()));
   result.run = run(world, [&](Rank& rank) { StageRunner(rank, o, out).run(); });
@@ -469,7 +509,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
       for (const auto& per_mb : per_dp)
         for (const auto& v : per_mb)
           sum += *v;
-      result.loss.push_back(sum / double(l.dp * m));
+      result.loss.push_back(sum / double(l.dp * l.cp * m));
     }
     for (const auto& g : out.grad_norm)
       result.grad_norm.push_back(*g);

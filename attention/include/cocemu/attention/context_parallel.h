@@ -21,6 +21,7 @@
 /// when `megatron_cp_in_bnsd` (the default) and directly on SBH otherwise. LSE is [B, H, S_local].
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cocemu/attention/local_attention.h"
@@ -78,6 +79,22 @@ class CpAttention {
   Grads backward(const Tensor& dout);
 
   const std::vector<std::int64_t>& positions() const { return positions_; }
+  /// What `backward` needs from one `forward`. A pipeline keeps one per micro-batch in flight:
+  /// take it after the forward, restore it before that micro-batch's backward.
+  struct Saved {
+    Tensor q, k, v, out, lse;
+  };
+  Saved take_saved() {
+    return {std::exchange(q_, {}), std::exchange(k_, {}), std::exchange(v_, {}),
+            std::exchange(out_, {}), std::exchange(lse_, {})};
+  }
+  void restore_saved(Saved s) {
+    q_ = std::move(s.q);
+    k_ = std::move(s.k);
+    v_ = std::move(s.v);
+    out_ = std::move(s.out);
+    lse_ = std::move(s.lse);
+  }
   const std::vector<TransferRecord>& transfers() const { return transfers_; }
   int ulysses_degree() const { return u_; }
   int ring_degree() const { return ring_size_; }

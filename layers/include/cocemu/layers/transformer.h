@@ -14,6 +14,7 @@
 /// false) pass `TransformerWeights::shapes`: nothing is allocated or computed, only modeled.
 #include <memory>
 
+#include "cocemu/attention/context_parallel.h"
 #include "cocemu/collectives/group.h"
 #include "cocemu/layers/linear.h"
 
@@ -27,6 +28,9 @@ struct TransformerConfig {
   Activation activation = Activation::gelu;
   bool sequence_parallel = true;
   DType dtype = DType::f32;
+  /// Megatron's selective recompute (--recompute-granularity selective): core attention is
+  /// recomputed in the backward (with CP, its communication too) instead of kept.
+  bool recompute_core_attention = false;
 
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t head_dim() const { return hidden / heads; }
@@ -46,9 +50,18 @@ struct TransformerWeights {
   static TransformerWeights shapes(const TransformerConfig& c);
 };
 
+/// Context parallelism for a layer: its core attention runs as MindSpeed's CP attention over
+/// `group` (the layer's rows are then this rank's tokens, attn::token_positions order).
+struct ContextParallel {
+  Group group;
+  attn::CpConfig config;
+};
+
 class TransformerLayer {
  public:
-  TransformerLayer(Group& tp, const TransformerConfig& config, const TransformerWeights& full);
+  /// With `cp` (a group of more than one rank), x holds this cp rank's seq/cp tokens.
+  TransformerLayer(Group& tp, const TransformerConfig& config, const TransformerWeights& full,
+                   const ContextParallel* cp = nullptr);
   /// x: [seq·batch, hidden] rows in (s, b) order, or this rank's [seq·batch/tp, hidden] with SP.
   Tensor forward(const Tensor& x, const LinearOptions& options);
   Tensor backward(const Tensor& dy, const LinearOptions& options);
@@ -70,8 +83,12 @@ class TransformerLayer {
 
  private:
   struct Saved;
+  void local_attention_forward(Rank& rank, const std::shared_ptr<Saved>& s, const Tensor& out,
+                               const Tensor& lse, const char* name) const;
   Group tp_;
   TransformerConfig c_;
+  std::unique_ptr<attn::CpAttention> cp_attn_;
+  int cp_size_ = 1;
   std::unique_ptr<ColumnParallelLinear> qkv_, up_;
   std::unique_ptr<RowParallelLinear> out_, down_;
   std::shared_ptr<Saved> saved_;

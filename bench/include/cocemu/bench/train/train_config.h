@@ -21,7 +21,9 @@ struct Setting {
 };
 
 struct TrainSettings {
-  Setting<std::string> model, profile, schedule, recompute, dtype, coc, coc_config;
+  Setting<std::string> model, profile, schedule, recompute, dtype, coc, coc_config, cp_algo;
+  Setting<std::int64_t> cp_window_size, ulysses_degree_in_cp;
+  Setting<bool> cp_send_recv_overlap;
   Setting<std::int64_t> tp, cp, dp, pp, layers_per_virtual_stage, vpp, nodes, iterations;
   Setting<std::int64_t> micro_batch_size, global_batch_size, micro_batch_num;
   Setting<std::int64_t> micro_batch_interleave, bucket_params;
@@ -31,7 +33,9 @@ struct TrainSettings {
 
 /// A MindFormers-style file: `parallel:` (gradients_mean, enable_parallel_optimizer),
 /// `parallel_config:` (data_parallel, model_parallel, context_parallel, pipeline_stage,
-/// use_seq_parallel, micro_batch_num, gradient_aggregation_group, pp_interleave_num),
+/// use_seq_parallel, micro_batch_num, gradient_aggregation_group, pp_interleave_num, and
+/// MindSpeed's context_parallel_algo, cp_window_size, ulysses_degree_in_cp,
+/// use_cp_send_recv_overlap),
 /// top-level micro_batch_interleave_num, `recompute_config:` (recompute, select_recompute),
 /// `runner_config:` (batch_size = the micro-batch size), and cocemu's own `train:` (model,
 /// profile, nodes, schedule, dtype, coc, iterations). Unknown keys are errors with file:line.

@@ -49,6 +49,11 @@ struct TrainLayout {
   /// Explicit layers per stage (pp entries summing to num_layers); empty: an even split.
   std::vector<std::int64_t> stage_layers;
   DType dtype = DType::bf16;
+  /// Context parallelism (MindSpeed's flags): megatron_cp_algo (ring), ulysses_cp_algo or
+  /// hybrid_cp_algo; the double ring's window; Ulysses' degree inside hybrid.
+  std::string cp_algo = "megatron_cp_algo";
+  int cp_window_size = 1, ulysses_degree_in_cp = 0;
+  bool use_cp_send_recv_overlap = false;
   Strategy coc = Strategy::serial;  ///< CoC strategy of the TP linears
   int coc_parallel_num = 1;         ///< script strategy: chunks
 

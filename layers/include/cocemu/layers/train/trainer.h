@@ -11,12 +11,17 @@
 /// The host enqueues a whole iteration without blocking; events order the streams, so the
 /// modeled timeline shows the pipeline as the schedule lays it out.
 ///
-/// What is not modeled yet: context parallelism inside the training step, selective recompute
-/// and MindSpore's micro_batch_interleave_num = 2 (rejected with an error that says so), tied
-/// embeddings (the LM head is untied, as LLaMA's), gradient clipping (the global gradient norm
-/// is computed and all-reduced every iteration, as Megatron logs it, but not applied: clipping
-/// by a norm whose partial sums depend on the stage split would make pipeline layouts differ in
-/// the last bits).
+/// Context parallelism runs each layer's core attention as MindSpeed's CP attention (ring,
+/// Ulysses, hybrid, double ring) over the cp group, on this rank's seq/cp tokens (the
+/// load-balanced causal split); gradients are then reduced over dp × cp, as Megatron's
+/// data-parallel group with context parallelism. Selective recompute recomputes core attention
+/// (with CP, its transfers too) in the backward.
+///
+/// Not modeled: MindSpore's micro_batch_interleave_num = 2 (rejected with an error that says
+/// so), tied embeddings (the LM head is untied, as LLaMA's), gradient clipping (the global
+/// gradient norm is computed and all-reduced every iteration, as Megatron logs it, but not
+/// applied: clipping by a norm whose partial sums depend on the stage split would make pipeline
+/// layouts differ in the last bits).
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -22,7 +22,7 @@ struct TrainOpts {
   bool dry_run = false, compare_coc = false;
   // Raw flag values (CLI11 fills them; copied into `flags` with their names when given).
   std::string model, profile, schedule, recompute_granularity, dtype, coc, coc_config, cp_algo;
-  std::int64_t cp_window = 0, ulysses = 0;
+  std::int64_t cp_window = 0, ulysses = 0, interleave = 0;
   bool cp_overlap = false;
   std::int64_t tp = 0, cp = 0, pp = 0, dp = 0, vstage = 0, nodes = 0, iterations = 0, mbs = 0,
                gbs = 0, bucket_params = 0;
@@ -92,6 +92,10 @@ void add_train(CLI::App& app) {
                        1 << 16);
   sub->add_flag("--use-cp-send-recv-overlap", o->cp_overlap,
                 "ring sends and receives on two communicators");
+  number<std::int64_t>(sub, "--micro-batch-interleave-num", o->interleave,
+                       "MindSpore's multi-copy: 2 splits each micro-batch in two copies whose "
+                       "communication and compute overlap",
+                       1, 2);
   number<std::int64_t>(sub, "--pipeline-model-parallel-size", o->pp, "pp", 1, 1 << 16);
   number<std::int64_t>(sub, "--data-parallel-size", o->dp, "dp (default: the rest of the world)", 1,
                        1 << 20);
@@ -141,6 +145,8 @@ void add_train(CLI::App& app) {
     if (given("--ulysses-degree-in-cp"))
       f.ulysses_degree_in_cp.set(o->ulysses, "--ulysses-degree-in-cp");
     if (o->cp_overlap) f.cp_send_recv_overlap.set(true, "--use-cp-send-recv-overlap");
+    if (given("--micro-batch-interleave-num"))
+      f.micro_batch_interleave.set(o->interleave, "--micro-batch-interleave-num");
     if (given("--pipeline-model-parallel-size")) f.pp.set(o->pp, "--pipeline-model-parallel-size");
     if (given("--data-parallel-size")) f.dp.set(o->dp, "--data-parallel-size");
     if (given("--num-layers-per-virtual-pipeline-stage"))

@@ -173,6 +173,25 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     edit(o);
     expect_same_training(want_cp, train(o, {}), "cp2 " + o.layout.describe());
   }
+  // With multi-copy (micro_batch_interleave_num 2, a fixed number of copies) too.
+  TrainOptions copies = base;
+  copies.layout.micro_batch_interleave = 2;
+  const TrainResult want_copies = train(copies, {});
+  for (auto edit : std::vector<std::function<void(TrainOptions&)>>{
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.schedule = PipelineSchedule::one_f_one_b;
+             o.layout.distributed_optimizer = true;
+           },
+           [](TrainOptions& o) {
+             o.linear.strategy = Strategy::fused;
+             o.linear.tile_rows = 8;
+             o.layout.recompute = Recompute::full;
+           }}) {
+    TrainOptions o = copies;
+    edit(o);
+    expect_same_training(want_copies, train(o, {}), "copies " + o.layout.describe());
+  }
   // The comparison can fail: another learning rate changes the weights after one step.
   TrainOptions other = base;
   other.adam.lr *= 1.5;
@@ -210,12 +229,14 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     int tp, dp, pp, cp;
     bool dist_opt;
     std::string cp_algo = "megatron_cp_algo";
+    int copies = 1;
   };
   for (const L& c :
        {L{1, 1, 1, 1, false}, L{2, 2, 1, 1, false}, L{4, 1, 2, 1, true}, L{2, 2, 2, 1, true},
         L{1, 4, 2, 1, false}, L{1, 1, 1, 2, false}, L{2, 1, 2, 2, true},
         L{1, 2, 1, 2, false, "ulysses_cp_algo"}, L{1, 1, 1, 4, false, "hybrid_cp_algo"}}) {
-    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {}", c.tp, c.cp, c.dp, c.pp, c.cp_algo));
+    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {} copies {}", c.tp, c.cp, c.dp, c.pp, c.cp_algo,
+                             c.copies));
     TrainOptions o = options(c.tp, c.dp, c.pp);
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
@@ -223,6 +244,7 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     o.layout.dtype = DType::f64;
     o.layout.global_batch_size = 8;
     o.layout.micro_batch_size = 8 / (c.dp * std::max(2, c.pp));
+    o.layout.micro_batch_interleave = c.copies;
     o.model.seq = 8 * c.cp;  // 2·cp chunks of the load-balanced causal split
     o.layout.distributed_optimizer = c.dist_opt;
     o.model.kv_heads = c.tp == 4 ? 4 : 2;  // KV groups divisible by tp
@@ -235,6 +257,53 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     ASSERT_EQ(got.weights.size(), want.shards.size());
     for (const auto& [name, w] : want.shards)
       EXPECT_LE(rel_diff(got.weights.at(name), w), 1e-12) << name;
+  }
+}
+
+}  // namespace
+}  // namespace cocemu::layers::train
+
+namespace cocemu::layers::train {
+namespace {
+
+// R-TR-8, f32 (README, "How far f32 may drift"): against the f64 reference, the first loss is
+// within λ·D·√k·u relative (Higham & Mary's probabilistic rounding bound, λ = 4, over D rounding
+// stages of reductions of at most k terms), and after one Adam step every weight within
+// 2·lr + 2u·|w| (an Adam first step moves a weight by less than lr, whatever the gradient).
+TEST(TrainTruth, F32StaysWithinTheDerivedBound) {
+  struct L {
+    int tp, dp, pp;
+  };
+  for (const L& c : {L{1, 1, 1}, L{2, 2, 2}, L{4, 1, 2}, L{1, 4, 2}}) {
+    SCOPED_TRACE(fmt::format("tp{} dp{} pp{}", c.tp, c.dp, c.pp));
+    TrainOptions o = options(c.tp, c.dp, c.pp);
+    o.model.kv_heads = c.tp == 4 ? 4 : 2;
+    o.layout.dtype = DType::f32;
+    o.layout.global_batch_size = 8;
+    o.layout.micro_batch_size = 8 / (c.dp * std::max(2, c.pp));
+    o.iterations = 1;
+    const auto want = reference::train_reference(o);
+    const auto got = train(o, {});
+    const double u = std::ldexp(1.0, -24), lambda = 4;
+    const double stages = 12.0 * double(o.model.num_layers) + 6;
+    const double k = double(std::max({o.model.hidden, o.model.ffn, o.model.seq}));
+    const double loss_bound = lambda * stages * std::sqrt(k) * u;
+    const double loss_rel = std::abs(got.loss[0] - want.loss[0]) / want.loss[0];
+    EXPECT_LE(loss_rel, loss_bound);
+    std::printf("tp%d dp%d pp%d: f32 loss relative error %.3g (bound %.3g)\n", c.tp, c.dp, c.pp,
+                loss_rel, loss_bound);
+    double worst_all = 0;
+    for (const auto& [name, w] : want.shards) {
+      const Tensor& g = got.weights.at(name);
+      double worst = 0;
+      for (std::int64_t i = 0; i < w.numel(); ++i) {
+        const double bound = 2 * o.adam.lr + 2 * u * std::abs(w.item(i));
+        worst = std::max(worst, std::abs(g.item(i) - w.item(i)) / bound);
+      }
+      EXPECT_LE(worst, 1.0) << name;
+      worst_all = std::max(worst_all, worst);
+    }
+    std::printf("  weights after one step: worst |Δw| / bound = %.3g\n", worst_all);
   }
 }
 

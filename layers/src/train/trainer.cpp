@@ -178,6 +178,12 @@ class StageRunner {
       iteration_ = it;
       firsts.push_back(std::uint32_t(rank_.graph().ops.size()));
       buffers_->zero_grad();
+      for (int c = 1; c < copies(); ++c)
+        on_copy(c, [&] {
+          for (const Tensor& g : copies_[std::size_t(c)].grads)
+            layers::detail::elementwise(rank_, "zero copy grad", g.nbytes(),
+                                        [g] { g.fill_zero(); });
+        });
       for (const auto& a : actions) {
         const auto first = std::uint32_t(rank_.graph().ops.size());
         if (a.forward)
@@ -215,14 +221,62 @@ class StageRunner {
 
   bool first_stage_chunk(int chunk) const { return stage_ == 0 && chunk == 0; }
   bool last_stage_chunk(int chunk) const { return stage_ == l_.pp - 1 && chunk == l_.vpp - 1; }
-  std::int64_t rows() const { return o_.model.seq / l_.cp * l_.micro_batch_size; }
+  int copies() const { return l_.micro_batch_interleave; }
+  /// Rows of one copy of a micro-batch on this rank (seq/cp tokens × its samples).
+  std::int64_t rows() const { return o_.model.seq / l_.cp * (l_.micro_batch_size / copies()); }
   std::int64_t local_rows() const { return l_.sequence_parallel ? rows() / l_.tp : rows(); }
+
+  struct LayerEntry {
+    std::int64_t index;
+    std::unique_ptr<TransformerLayer> layer;
+    int first_slot = 0;
+  };
+
+  /// Multi-copy (MindSpore's micro_batch_interleave_num = 2): every micro-batch is split in two
+  /// along the batch; each copy runs on its own compute stream and TP group (with its own comm
+  /// stream), so one copy's communication overlaps the other's compute. Copies share the weights;
+  /// copy 0 accumulates into the model's gradient buffer, the others into their own gradients,
+  /// added in when a parameter's gradient is final.
+  struct Copy {
+    Group tp;
+    Stream* compute = nullptr;
+    std::vector<std::vector<LayerEntry>> chunks;
+    std::unique_ptr<detail::VocabEmbedding> embedding;
+    std::unique_ptr<detail::VocabLoss> loss;
+    std::vector<Tensor> grads;  // copies > 0: per parameter slot
+  };
+
+  void make_copies() {
+    copies_.resize(std::size_t(copies()));
+    copies_[0].tp = mesh_.tp;
+    copies_[0].compute = &rank_.compute_stream();
+    for (int c = 1; c < copies(); ++c) {
+      Copy& copy = copies_[std::size_t(c)];
+      copy.tp = split(mesh_.tp, 0, mesh_.tp_rank);  // same members, a communicator of its own
+      copy.tp.set_stream(rank_.new_stream(fmt::format("comm copy {}", c)));
+      copy.compute = &rank_.new_stream(fmt::format("compute copy {}", c));
+    }
+  }
+
+  /// Runs `fn` with copy c's compute stream current.
+  template <class Fn>
+  void on_copy(int c, Fn&& fn) {
+    Stream& before = rank_.current_stream();
+    rank_.set_current_stream(*copies_[std::size_t(c)].compute);
+    struct Restore {
+      Rank& r;
+      Stream& s;
+      ~Restore() { r.set_current_stream(s); }
+    } restore{rank_, before};
+    fn();
+  }
 
   void build_model() {
     const auto& md = o_.model;
     const bool sp = l_.sequence_parallel && l_.tp > 1;
+    make_copies();
     layer_config_ = {.seq = md.seq,
-                     .batch = l_.micro_batch_size,
+                     .batch = l_.micro_batch_size / copies(),
                      .hidden = md.hidden,
                      .heads = md.heads,
                      .ffn = md.ffn,
@@ -238,80 +292,104 @@ class StageRunner {
     };
     std::vector<detail::ParamSlot> slots;
     // Slots in the order the backward finalizes them: LM head, the chunks' layers from the last
-    // (each layer's linears in backward order), the embedding.
-    struct Binding {
-      std::function<void(const Tensor&, const Tensor&)> bind;
-    };
-    std::vector<Binding> binds;
-    auto add = [&](std::string name, const Shape& shape, auto bind) {
+    // (each layer's linears in backward order), the embedding. A binding per copy.
+    using Bind = std::function<void(const Tensor&, const Tensor&)>;
+    std::vector<std::vector<Bind>> binds;
+    auto add = [&](std::string name, const Shape& shape, auto bind_copy) {
       slots.push_back({std::move(name), 0, shape.numel(), shape});
-      binds.push_back({bind});
+      std::vector<Bind> per_copy;
+      for (int c = 0; c < copies(); ++c)
+        per_copy.push_back(
+            [bind_copy, c](const Tensor& w, const Tensor& g) { bind_copy(c, w, g); });
+      binds.push_back(std::move(per_copy));
     };
     if (stage_ == l_.pp - 1) {
       const std::int64_t vl = vocab / l_.tp;
       Tensor full = table(true);
-      Tensor shard = alloc(rank_, {vl, md.hidden}, l_.dtype);
-      if (rank_.numerics())
-        shard.copy_from(full.rows(vl * mesh_.tp_rank, vl * (mesh_.tp_rank + 1)));
-      loss_ =
-          std::make_unique<detail::VocabLoss>(mesh_.tp, shard, vl * mesh_.tp_rank, sp, l_.dtype);
-      add("lm_head", shard.shape(),
-          [this](const Tensor& w, const Tensor& g) { loss_->head().bind(w, g); });
+      for (auto& copy : copies_) {
+        Tensor shard = alloc(rank_, {vl, md.hidden}, l_.dtype);
+        if (rank_.numerics())
+          shard.copy_from(full.rows(vl * mesh_.tp_rank, vl * (mesh_.tp_rank + 1)));
+        copy.loss =
+            std::make_unique<detail::VocabLoss>(copy.tp, shard, vl * mesh_.tp_rank, sp, l_.dtype);
+      }
+      add("lm_head", Shape{vl, md.hidden}, [this](int c, const Tensor& w, const Tensor& g) {
+        copies_[std::size_t(c)].loss->head().bind(w, g);
+      });
     }
-    chunks_.resize(std::size_t(l_.vpp));
-    for (int c = 0; c < l_.vpp; ++c) {
-      const LayerRange range = layers_of(md, l_, stage_, c);
-      for (std::int64_t i = 0; i < range.count; ++i) {
-        const std::int64_t index = range.first + i;
-        const auto w = rank_.numerics()
-                           ? TransformerWeights::random(layer_config_, layer_seed(o_, index))
-                           : TransformerWeights::shapes(layer_config_);
-        chunks_[std::size_t(c)].push_back(
-            {index, std::make_unique<TransformerLayer>(mesh_.tp, layer_config_, w,
-                                                       l_.cp > 1 ? &cp_ : nullptr)});
+    for (auto& copy : copies_) {
+      copy.chunks.resize(std::size_t(l_.vpp));
+      for (int c = 0; c < l_.vpp; ++c) {
+        const LayerRange range = layers_of(md, l_, stage_, c);
+        for (std::int64_t i = 0; i < range.count; ++i) {
+          const std::int64_t index = range.first + i;
+          const auto w = rank_.numerics()
+                             ? TransformerWeights::random(layer_config_, layer_seed(o_, index))
+                             : TransformerWeights::shapes(layer_config_);
+          copy.chunks[std::size_t(c)].push_back(
+              {index, std::make_unique<TransformerLayer>(copy.tp, layer_config_, w,
+                                                         l_.cp > 1 ? &cp_ : nullptr)});
+        }
       }
     }
     for (int c = l_.vpp - 1; c >= 0; --c)
-      for (auto it = chunks_[std::size_t(c)].rbegin(); it != chunks_[std::size_t(c)].rend(); ++it) {
-        TransformerLayer* layer = it->layer.get();
-        const std::string p = fmt::format("layer{}.", it->index);
-        it->first_slot = int(slots.size());
-        add(p + "mlp.down", layer->mlp_down().weight().shape(),
-            [layer](const Tensor& w, const Tensor& g) { layer->mlp_down().bind(w, g); });
-        add(p + "mlp.up", layer->mlp_up().weight().shape(),
-            [layer](const Tensor& w, const Tensor& g) { layer->mlp_up().bind(w, g); });
-        add(p + "attn.out", layer->attn_out().weight().shape(),
-            [layer](const Tensor& w, const Tensor& g) { layer->attn_out().bind(w, g); });
-        add(p + "attn.qkv", layer->qkv().weight().shape(),
-            [layer](const Tensor& w, const Tensor& g) { layer->qkv().bind(w, g); });
+      for (int li = int(copies_[0].chunks[std::size_t(c)].size()) - 1; li >= 0; --li) {
+        auto& entry = copies_[0].chunks[std::size_t(c)][std::size_t(li)];
+        const std::string p = fmt::format("layer{}.", entry.index);
+        entry.first_slot = int(slots.size());
+        auto layer = [this, c, li](int copy) {
+          return copies_[std::size_t(copy)].chunks[std::size_t(c)][std::size_t(li)].layer.get();
+        };
+        const TransformerLayer& l0 = *entry.layer;
+        add(p + "mlp.down", l0.mlp_down().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_down().bind(w, g); });
+        add(p + "mlp.up", l0.mlp_up().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_up().bind(w, g); });
+        add(p + "attn.out", l0.attn_out().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->attn_out().bind(w, g); });
+        add(p + "attn.qkv", l0.qkv().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->qkv().bind(w, g); });
       }
     if (stage_ == 0) {
-      embedding_ = std::make_unique<detail::VocabEmbedding>(mesh_.tp, table(false), sp);
-      add("embedding", embedding_->weight().shape(), [this](const Tensor& w, const Tensor& g) {
-        if (rank_.numerics()) w.copy_from(embedding_->weight());
-        embedding_->weight() = w;
-        embedding_->grad() = g;
-      });
+      const Tensor full = table(false);
+      for (auto& copy : copies_)
+        copy.embedding = std::make_unique<detail::VocabEmbedding>(copy.tp, full, sp);
+      add("embedding", copies_[0].embedding->weight().shape(),
+          [this](int c, const Tensor& w, const Tensor& g) {
+            auto& e = *copies_[std::size_t(c)].embedding;
+            if (rank_.numerics() && c == 0) w.copy_from(e.weight());
+            e.weight() = w;
+            e.grad() = g;
+          });
       embedding_slot_ = int(slots.size()) - 1;
     }
     buffers_ = std::make_unique<detail::ParamBuffers>(
         rank_, std::move(slots), l_.dtype, dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
         l_.bucket_params, l_.bucket_mb);
-    for (int i = 0; i < int(binds.size()); ++i)
-      binds[std::size_t(i)].bind(buffers_->param(i), buffers_->grad(i));
+    for (int i = 0; i < int(binds.size()); ++i) {
+      binds[std::size_t(i)][0](buffers_->param(i), buffers_->grad(i));
+      for (int c = 1; c < copies(); ++c) {
+        const Tensor g = buffers_->grad(i);
+        Tensor own = alloc(rank_, g.shape(), g.dtype());
+        copies_[std::size_t(c)].grads.push_back(own);
+        binds[std::size_t(i)][std::size_t(c)](buffers_->param(i), own);
+      }
+    }
     buffers_->init_master();
   }
 
-  std::shared_ptr<const detail::Batch> batch(int micro_batch) {
+  /// Copy c of a micro-batch: its samples, and with cp this rank's tokens of them.
+  std::shared_ptr<const detail::Batch> batch(int micro_batch, int c) {
     if (!rank_.numerics()) return nullptr;
+    const std::int64_t b = l_.micro_batch_size / copies();
     const std::int64_t first =
         std::int64_t(iteration_) * l_.global_batch_size +
-        (std::int64_t(mesh_.dp_rank) * l_.micro_batches() + micro_batch) * l_.micro_batch_size;
-    auto full = synthetic_batch(o_.seed, o_.model.vocab, o_.model.seq, l_.micro_batch_size, first);
+        (std::int64_t(mesh_.dp_rank) * l_.micro_batches() + micro_batch) * l_.micro_batch_size +
+        c * b;
+    auto full = synthetic_batch(o_.seed, o_.model.vocab, o_.model.seq, b, first);
     if (l_.cp == 1) return std::make_shared<const detail::Batch>(std::move(full));
     // This cp rank's tokens: rows (position, sample) for its positions, in storage order.
     detail::Batch mine;
-    const std::int64_t b = l_.micro_batch_size;
     for (const std::int64_t pos : positions_)
       for (std::int64_t i = 0; i < b; ++i) {
         mine.tokens.push_back(full.tokens[std::size_t(pos * b + i)]);
@@ -321,82 +399,126 @@ class StageRunner {
   }
 
   struct Key {
-    int micro_batch, chunk;
+    int micro_batch, chunk, copy;
     std::int64_t layer;
     auto operator<=>(const Key&) const = default;
   };
 
   void forward(int iteration, const PipelineAction& a) {
-    Tensor x;
-    if (first_stage_chunk(a.chunk)) {
-      x = piece("embedding fwd", [&] { return embedding_->forward(batch(a.micro_batch), rows()); });
-    } else {
-      x = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
-      irecv(links_.fwd_in, x, links_.fwd_in_peer).wait();
+    const int n = copies();
+    std::vector<Tensor> x(static_cast<std::size_t>(n));
+    for (int c = 0; c < n; ++c)
+      on_copy(c, [&] {
+        if (first_stage_chunk(a.chunk)) {
+          x[std::size_t(c)] = piece("embedding fwd", [&] {
+            return copies_[std::size_t(c)].embedding->forward(batch(a.micro_batch, c), rows());
+          });
+        } else {
+          x[std::size_t(c)] = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+          irecv(links_.fwd_in, x[std::size_t(c)], links_.fwd_in_peer).wait();
+        }
+      });
+    const std::size_t layers = copies_[0].chunks[std::size_t(a.chunk)].size();
+    for (std::size_t li = 0; li < layers; ++li)
+      piece("layer fwd", [&] {
+        for (int c = 0; c < n; ++c)
+          on_copy(c, [&] {
+            auto& entry = copies_[std::size_t(c)].chunks[std::size_t(a.chunk)][li];
+            const Key key{a.micro_batch, a.chunk, c, entry.index};
+            Tensor y = entry.layer->forward(x[std::size_t(c)], o_.linear);
+            if (l_.recompute == Recompute::full) {
+              inputs_[key] = x[std::size_t(c)];  // the layer's input is all it keeps
+              entry.layer->take_context();
+            } else {
+              contexts_[key] = entry.layer->take_context();
+            }
+            x[std::size_t(c)] = y;
+          });
+      });
+    for (int c = 0; c < n; ++c)
+      on_copy(c, [&] {
+        if (last_stage_chunk(a.chunk)) {
+          auto slot = std::make_shared<double>(std::nan(""));
+          if (rank_.numerics() && mesh_.tp_rank == 0) {
+            std::lock_guard lock(out_.mu);
+            out_.loss[std::size_t(iteration)][std::size_t(dp_cp_.rank() * n + c)]
+                     [std::size_t(a.micro_batch)] = slot;
+          }
+          loss_saved_[{a.micro_batch, c}] = piece("loss fwd", [&] {
+            return copies_[std::size_t(c)].loss->forward(x[std::size_t(c)], batch(a.micro_batch, c),
+                                                         o_.linear, slot);
+          });
+        } else {
+          isend(links_.fwd_out, x[std::size_t(c)], links_.fwd_out_peer);
+        }
+      });
+  }
+
+  /// Parameter slot i's gradient is final: the other copies' gradients are added in (after
+  /// their streams), then its bucket may launch.
+  void grad_final(int i) {
+    for (int c = 1; c < copies(); ++c) {
+      rank_.compute_stream().wait(copies_[std::size_t(c)].compute->record());
+      layers::detail::accumulate(rank_, buffers_->grad(i),
+                                 copies_[std::size_t(c)].grads[std::size_t(i)]);
     }
-    for (auto& entry : chunks_[std::size_t(a.chunk)]) {
-      const Key key{a.micro_batch, a.chunk, entry.index};
-      Tensor y = piece("layer fwd", [&] { return entry.layer->forward(x, o_.linear); });
-      if (l_.recompute == Recompute::full) {
-        inputs_[key] = x;  // the layer's input is all a full recompute keeps
-        entry.layer->take_context();
-      } else {
-        contexts_[key] = entry.layer->take_context();
-      }
-      x = y;
-    }
-    if (last_stage_chunk(a.chunk)) {
-      auto slot = std::make_shared<double>(std::nan(""));
-      if (rank_.numerics() && mesh_.tp_rank == 0) {
-        std::lock_guard lock(out_.mu);
-        out_.loss[std::size_t(iteration)][std::size_t(dp_cp_.rank())][std::size_t(a.micro_batch)] =
-            slot;
-      }
-      loss_saved_[a.micro_batch] = piece(
-          "loss fwd", [&] { return loss_->forward(x, batch(a.micro_batch), o_.linear, slot); });
-    } else {
-      isend(links_.fwd_out, x, links_.fwd_out_peer);
-    }
+    buffers_->grad_ready(i, dp_cp_);
   }
 
   void backward(const PipelineAction& a) {
+    const int n = copies();
     const bool last_micro_batch = a.micro_batch == int(l_.micro_batches()) - 1;
-    Tensor dy;
-    if (last_stage_chunk(a.chunk)) {
-      auto node = loss_saved_.extract(a.micro_batch);
-      // Megatron scales each micro-batch's loss by 1/micro-batches (and by 1/cp: every cp rank
-      // averages over its seq/cp tokens).
-      dy = piece("loss bwd", [&] {
-        return loss_->backward(node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp), o_.linear);
-      });
-      if (last_micro_batch) buffers_->grad_ready(0, dp_cp_);
-    } else {
-      dy = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
-      irecv(links_.bwd_in, dy, links_.bwd_in_peer).wait();
-    }
-    auto& chunk = chunks_[std::size_t(a.chunk)];
-    for (auto it = chunk.rbegin(); it != chunk.rend(); ++it) {
-      const Key key{a.micro_batch, a.chunk, it->index};
-      dy = piece("layer bwd", [&] {
-        if (l_.recompute == Recompute::full) {
-          auto node = inputs_.extract(key);
-          it->layer->forward(node.mapped(), o_.linear);  // recompute: same bits, same comm
+    std::vector<Tensor> dy(static_cast<std::size_t>(n));
+    for (int c = 0; c < n; ++c)
+      on_copy(c, [&] {
+        if (last_stage_chunk(a.chunk)) {
+          auto node = loss_saved_.extract({a.micro_batch, c});
+          // Megatron scales each micro-batch's loss by 1/micro-batches (and by 1/cp: every cp
+          // rank averages over its seq/cp tokens); copies average too.
+          dy[std::size_t(c)] = piece("loss bwd", [&] {
+            return copies_[std::size_t(c)].loss->backward(
+                node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp * n), o_.linear);
+          });
         } else {
-          auto node = contexts_.extract(key);
-          it->layer->restore_context(std::move(node.mapped()));
+          dy[std::size_t(c)] = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+          irecv(links_.bwd_in, dy[std::size_t(c)], links_.bwd_in_peer).wait();
         }
-        return it->layer->backward(dy, o_.linear);
       });
-      if (last_micro_batch)
+    if (last_stage_chunk(a.chunk) && last_micro_batch) grad_final(0);
+    const int layers = int(copies_[0].chunks[std::size_t(a.chunk)].size());
+    for (int li = layers - 1; li >= 0; --li) {
+      piece("layer bwd", [&] {
+        for (int c = 0; c < n; ++c)
+          on_copy(c, [&] {
+            auto& entry = copies_[std::size_t(c)].chunks[std::size_t(a.chunk)][std::size_t(li)];
+            const Key key{a.micro_batch, a.chunk, c, entry.index};
+            if (l_.recompute == Recompute::full) {
+              auto node = inputs_.extract(key);
+              entry.layer->forward(node.mapped(), o_.linear);  // recompute: same bits and comm
+            } else {
+              auto node = contexts_.extract(key);
+              entry.layer->restore_context(std::move(node.mapped()));
+            }
+            dy[std::size_t(c)] = entry.layer->backward(dy[std::size_t(c)], o_.linear);
+          });
+      });
+      if (last_micro_batch) {
+        const int first = copies_[0].chunks[std::size_t(a.chunk)][std::size_t(li)].first_slot;
         for (int p = 0; p < 4; ++p)
-          buffers_->grad_ready(it->first_slot + p, dp_cp_);
+          grad_final(first + p);
+      }
     }
-    if (first_stage_chunk(a.chunk)) {
-      piece("embedding bwd", [&] { embedding_->backward(batch(a.micro_batch), dy); });
-      if (last_micro_batch) buffers_->grad_ready(embedding_slot_, dp_cp_);
-    } else {
-      isend(links_.bwd_out, dy, links_.bwd_out_peer);
-    }
+    for (int c = 0; c < n; ++c)
+      on_copy(c, [&] {
+        if (first_stage_chunk(a.chunk))
+          piece("embedding bwd", [&] {
+            copies_[std::size_t(c)].embedding->backward(batch(a.micro_batch, c),
+                                                        dy[std::size_t(c)]);
+          });
+        else
+          isend(links_.bwd_out, dy[std::size_t(c)], links_.bwd_out_peer);
+      });
+    if (first_stage_chunk(a.chunk) && last_micro_batch) grad_final(embedding_slot_);
   }
 
   /// Megatron's optimizer step: wait for the gradient reductions, the global gradient norm
@@ -441,12 +563,6 @@ class StageRunner {
           buffers_->param(i).clone();
   }
 
-  struct LayerEntry {
-    std::int64_t index;
-    std::unique_ptr<TransformerLayer> layer;
-    int first_slot = 0;
-  };
-
   Rank& rank_;
   const TrainOptions& o_;
   const TrainLayout& l_;
@@ -458,14 +574,12 @@ class StageRunner {
   Links links_;
   int stage_ = 0, iteration_ = 0;
   TransformerConfig layer_config_;
-  std::vector<std::vector<LayerEntry>> chunks_;
-  std::unique_ptr<detail::VocabEmbedding> embedding_;
-  std::unique_ptr<detail::VocabLoss> loss_;
+  std::vector<Copy> copies_;
   std::unique_ptr<detail::ParamBuffers> buffers_;
   int embedding_slot_ = -1;
   std::map<Key, std::shared_ptr<TransformerLayer::Context>> contexts_;
   std::map<Key, Tensor> inputs_;
-  std::map<int, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
+  std::map<std::pair<int, int>, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
   std::vector<PipelineBlock> blocks_;
   std::vector<PieceRange> pieces_;
 };
@@ -487,9 +601,9 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
                                   .seq = o.model.seq,
                                   .head_dim = o.model.hidden / o.model.heads,
                                   .dtype = l.dtype});
-  COCEMU_CHECK_ARG(l.micro_batch_interleave == 1,
-                   "micro_batch_interleave_num {} is not supported by the training step yet",
-                   l.micro_batch_interleave);
+  COCEMU_CHECK_ARG(l.micro_batch_interleave == 1 || l.cp == 1,
+                   "micro_batch_interleave_num {} with context parallel {} is not supported",
+                   l.micro_batch_interleave, l.cp);
   COCEMU_CHECK_ARG(o.iterations >= 1 && o.iterations <= 1000, "iterations {} must be in [1, 1000]",
                    o.iterations);
   world.n_ranks = l.world();
@@ -509,7 +623,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
       for (const auto& per_mb : per_dp)
         for (const auto& v : per_mb)
           sum += *v;
-      result.loss.push_back(sum / double(l.dp * l.cp * m));
+      result.loss.push_back(sum / double(l.dp * l.cp * l.micro_batch_interleave * m));
     }
     for (const auto& g : out.grad_norm)
       result.grad_norm.push_back(*g);

@@ -17,13 +17,13 @@ using layers::train::DecoderShape;
 layers::train::DecoderShape tiny_model() {
   DecoderShape m;
   m.name = "tiny (built-in)";
-  m.hidden = 64;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.ffn = 128;
+  m.hidden = 256;
+  m.heads = 8;
+  m.kv_heads = 4;
+  m.ffn = 512;
   m.num_layers = 4;
-  m.vocab = 512;
-  m.seq = 64;
+  m.vocab = 2048;
+  m.seq = 128;
   m.swiglu = true;
   return m;
 }

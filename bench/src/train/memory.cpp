@@ -89,11 +89,13 @@ double layers_on_stage(const DecoderShape& m, const TrainLayout& l, int stage) {
   return n;
 }
 
-double gb(double bytes) {
-  return bytes / 1e9;
-}
-
 }  // namespace
+
+std::string decimal_bytes(double b) {
+  if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+  return fmt::format("{:.1f} kB", b / 1e3);
+}
 
 double stage_parameters(const DecoderShape& m, const TrainLayout& l, int stage) {
   const double vocab_rows = double(layers::train::padded_vocab(m.vocab, l.tp)) / l.tp;
@@ -154,14 +156,14 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
   }
   best.capacity_bytes = profile.memory_capacity;
   if (best.capacity_bytes <= 0) {
-    best.verdict = fmt::format("needs {:.1f} GB on stage {}; the profile gives no device memory",
-                               gb(best.peak_bytes), best.stage);
+    best.verdict = fmt::format("needs {} on stage {}; the profile gives no device memory",
+                               decimal_bytes(best.peak_bytes), best.stage);
     return best;
   }
   best.oom = best.peak_bytes > best.capacity_bytes;
   if (!best.oom) {
-    best.verdict = fmt::format("fits: {:.1f} of {:.1f} GB (stage {})", gb(best.peak_bytes),
-                               gb(best.capacity_bytes), best.stage);
+    best.verdict = fmt::format("fits: {} of {} (stage {})", decimal_bytes(best.peak_bytes),
+                               decimal_bytes(best.capacity_bytes), best.stage);
     return best;
   }
   auto terms = best.terms;
@@ -169,10 +171,10 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
             [](const MemoryTerm& x, const MemoryTerm& y) { return x.bytes > y.bytes; });
   std::string largest;
   for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i)
-    largest += fmt::format("{}{} {:.1f} GB", i ? ", " : "", terms[i].name, gb(terms[i].bytes));
-  best.verdict = fmt::format(
-      "out of memory on stage {}: needs {:.1f} GB, the device has {:.1f} GB; largest: {}",
-      best.stage, gb(best.peak_bytes), gb(best.capacity_bytes), largest);
+    largest += fmt::format("{}{} {}", i ? ", " : "", terms[i].name, decimal_bytes(terms[i].bytes));
+  best.verdict =
+      fmt::format("out of memory on stage {}: needs {}, the device has {}; largest: {}", best.stage,
+                  decimal_bytes(best.peak_bytes), decimal_bytes(best.capacity_bytes), largest);
   return best;
 }
 

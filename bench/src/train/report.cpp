@@ -188,7 +188,7 @@ std::string format_report(const TrainReport& r) {
                                                        "pipeline and data parallel composed)");
   out += fmt::format("  iteration         {:.3f} ms\n", double(r.iteration_ns) / 1e6);
   out += fmt::format("  tokens/s          {:.0f}\n", r.tokens_per_s);
-  out += fmt::format("  model TFLOP/s     {:.1f} per device, MFU {:.1f}%\n", r.tflops_per_device,
+  out += fmt::format("  model TFLOP/s     {:.3g} per device, MFU {:.3g}%\n", r.tflops_per_device,
                      100 * r.mfu);
   out += fmt::format("  bubble            {:.1f}% (ideal (p-1)/(v·m+p-1): {:.1f}%)\n",
                      100 * r.bubble_fraction, 100 * r.ideal_bubble_fraction);
@@ -198,7 +198,7 @@ std::string format_report(const TrainReport& r) {
   out += "\n";
   out += fmt::format("  memory            {}\n", r.memory.verdict);
   for (const auto& t : r.memory.terms)
-    out += fmt::format("    {:<48} {:>10.3f} GB\n", t.name, t.bytes / 1e9);
+    out += fmt::format("    {:<48} {:>10}\n", t.name, decimal_bytes(t.bytes));
   if (!r.loss.empty()) {
     out += "  loss              ";
     for (const double v : r.loss)

@@ -180,6 +180,8 @@ class StageRunner {
       buffers_->zero_grad();
       for (int c = 1; c < copies(); ++c)
         on_copy(c, [&] {
+          // The other copies read the weights the last optimizer step wrote.
+          copies_[std::size_t(c)].compute->wait(rank_.compute_stream().record());
           for (const Tensor& g : copies_[std::size_t(c)].grads)
             layers::detail::elementwise(rank_, "zero copy grad", g.nbytes(),
                                         [g] { g.fill_zero(); });
@@ -610,10 +612,10 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   result.padded_vocab = padded_vocab(o.model.vocab, l.tp);
   Collected out;
   const int m = int(l.micro_batches());
-  out.loss.assign(
-      std::size_t(o.iterations),
-      std::vector<std::vector<std::shared_ptr<double>>>(
-          std::size_t(l.dp * l.cp), std::vector<std::shared_ptr<double>>(std::size_t(m))));
+  out.loss.assign(std::size_t(o.iterations),
+                  std::vector<std::vector<std::shared_ptr<double>>>(
+                      std::size_t(l.dp * l.cp * l.micro_batch_interleave),
+                      std::vector<std::shared_ptr<double>>(std::size_t(m))));
   out.grad_norm.assign(std::size_t(o.iterations), nullptr);
   out.iteration_first_op.resize(std::size_t(l.world()));
   result.run = run(world, [&](Rank& rank) { StageRunner(rank, o, out).run(); });

@@ -63,6 +63,9 @@ MemoryEstimate estimate_memory(const layers::train::DecoderShape& model,
                                const layers::train::TrainLayout& layout,
                                const DeviceProfile& profile);
 
+/// "41.2 GB", "3.1 MB", "12.0 kB" (decimal units, as device memory is quoted).
+std::string decimal_bytes(double bytes);
+
 /// Parameters of one stage's ranks (per device, after TP).
 double stage_parameters(const layers::train::DecoderShape& model,
                         const layers::train::TrainLayout& layout, int stage);

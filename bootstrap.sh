@@ -77,7 +77,7 @@ case "${1:-}" in
       -DCOCEMU_NATIVE=OFF >/dev/null
     cmake --build build-fuzz -j "$JOBS" --target fuzz_targets
     seconds="${FUZZ_SECONDS:-30}"
-    for t in npy profile model coc validation; do
+    for t in npy profile model coc validation train; do
       corpus="build-fuzz/corpus-$t"
       mkdir -p "$corpus"
       case "$t" in
@@ -86,6 +86,7 @@ case "${1:-}" in
         model) cp configs/models/*.yaml "$corpus"/ ;;
         coc) cp configs/coc.yaml "$corpus"/ ;;
         validation) cp configs/validation.yaml "$corpus"/ ;;
+        train) cp configs/train/*.yaml "$corpus"/ ;;
       esac
       echo "fuzz_$t: ${seconds} s"
       ASAN_OPTIONS="detect_leaks=0" "./build-fuzz/tests/fuzz/fuzz_$t" "$corpus" \

@@ -2,6 +2,10 @@
 // Subcommands of the `cocemu` executable.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
 namespace cocemu::cli {
 
 /// Registers `cocemu collbench` on `app`.
@@ -28,7 +32,19 @@ namespace cocemu::cli {
 template <class T>
 CLI::Option* number(CLI::App* app, const std::string& name, T& value, const std::string& help, T lo,
                     T hi) {
-  return app->add_option(name, value, help)->check(CLI::Range(lo, hi))->capture_default_str();
+  CLI::Option* o = app->add_option(name, value, help);
+  if constexpr (std::is_floating_point_v<T>)  // CLI11's Range lets nan through (no order)
+    o->check(CLI::Validator(
+        [lo, hi](std::string& text) -> std::string {
+          char* end = nullptr;
+          const double v = std::strtod(text.c_str(), &end);
+          if (end == text.c_str() || *end != '\0' || !(v >= double(lo) && v <= double(hi)))
+            return "Value " + text + " not in range " + std::to_string(lo) + " to " +
+                   std::to_string(hi);
+          return {};
+        },
+        "finite", "finite"));
+  return o->check(CLI::Range(lo, hi))->capture_default_str();
 }
 
 /// Fails up front (before any work) if `dir` cannot be created or written.

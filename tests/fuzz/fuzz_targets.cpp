@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cocemu/bench/train/train_config.h"
 #include "cocemu/bench/validate.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/layers/model_config.h"
@@ -27,8 +28,10 @@ void parse(const std::string& text) {
                                    [](const std::string&) { return std::nullopt; });
 #elif COCEMU_FUZZ_TARGET == 5
   cocemu::bench::validate(text, "fuzz.yaml");
+#elif COCEMU_FUZZ_TARGET == 6
+  cocemu::bench::parse_train_config(text, "fuzz.yaml");
 #else
-#error "COCEMU_FUZZ_TARGET must be 1..5"
+#error "COCEMU_FUZZ_TARGET must be 1..6"
 #endif
 }
 

@@ -81,6 +81,8 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"--dry-run", ""}, {"-n", "2"}, {"-b", "4096"}, {"-e", "4096"}, {"--ops", "all_reduce"}};
   const std::vector<std::pair<std::string, std::string>> bench = {
       {"--dry-run", ""}, {"--no-progress", ""}, {"--out-dir", tmp}};
+  const std::vector<std::pair<std::string, std::string>> train = {{"--dry-run", ""},
+                                                                  {"--out-dir", tmp}};
   struct Opt {
     std::string command;
     const std::vector<std::pair<std::string, std::string>>* base;
@@ -113,6 +115,24 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"mlpbench", &none, "--tile-rows", "tile-rows", {}},
       {"mlpbench", &none, "--tiles-per-step", "tiles-per-step", {}},
       {"bench", &bench, "--repeats", "repeats", {}},
+      {"train", &train, "--nodes", "nodes", {}},
+      {"train", &train, "--tensor-model-parallel-size", "tensor-model-parallel-size", {}},
+      {"train", &train, "--context-parallel-size", "context-parallel-size", {}},
+      {"train", &train, "--pipeline-model-parallel-size", "pipeline-model-parallel-size", {}},
+      {"train", &train, "--data-parallel-size", "data-parallel-size", {}},
+      {"train",
+       &train,
+       "--num-layers-per-virtual-pipeline-stage",
+       "num-layers-per-virtual-pipeline-stage",
+       {}},
+      {"train", &train, "--micro-batch-size", "micro-batch-size", {}},
+      {"train", &train, "--global-batch-size", "global-batch-size", {}},
+      {"train", &train, "--gradient-aggregation-group", "gradient-aggregation-group", {}},
+      {"train", &train, "--bucket-mb", "bucket-mb", {}},
+      {"train", &train, "--iterations", "iterations", {}},
+      {"train", &train, "--cp-window-size", "cp-window-size", {}},
+      {"train", &train, "--ulysses-degree-in-cp", "ulysses-degree-in-cp", {}},
+      {"train", &train, "--micro-batch-interleave-num", "micro-batch-interleave-num", {}},
   };
   const std::vector<std::string> probes = {
       "0", "-1", "1099511627776", "18446744073709551616", "abc", "nan", "inf"};
@@ -147,6 +167,16 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"tune", &none, "--model", "model", {}},
       {"tune", &none, "--profile", "profile", {}},
       {"validate", &none, "--references", "--references", {}},
+      {"train", &train, "--model", "model", {}},
+      {"train", &train, "--profile", "profile", {}},
+      {"train", &train, "--schedule", "schedule", {}},
+      {"train", &train, "--recompute-granularity", "recompute", {}},
+      {"train", &train, "--dtype", "dtype", {}},
+      {"train", &train, "--coc", "CoC strategy", {}},
+      {"train", &train, "--coc-config", "CoC config", {}},
+      {"train", &train, "--config", "--config", {}},
+      {"train", &train, "--context-parallel-algo", "context_parallel_algo", {}},
+      {"train", &train, "--engine", "engine", {}},
   };
   Tally n;
   int name_cases = 0;

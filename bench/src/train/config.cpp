@@ -239,6 +239,11 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
   if (s.bucket_mb.value) l.bucket_mb = *s.bucket_mb.value;
   l.dtype = parse_train_dtype(s.dtype);
   l.cp_algo = s.cp_algo.value.value_or("megatron_cp_algo");
+  COCEMU_CHECK_ARG(l.cp_algo == "megatron_cp_algo" || l.cp_algo == "ulysses_cp_algo" ||
+                       l.cp_algo == "hybrid_cp_algo",
+                   "{}: context_parallel_algo '{}' is not allowed; allowed: megatron_cp_algo, "
+                   "ulysses_cp_algo, hybrid_cp_algo",
+                   s.cp_algo.where, l.cp_algo);
   l.cp_window_size = int(s.cp_window_size.value.value_or(1));
   l.ulysses_degree_in_cp = int(s.ulysses_degree_in_cp.value.value_or(0));
   l.use_cp_send_recv_overlap = s.cp_send_recv_overlap.value.value_or(false);

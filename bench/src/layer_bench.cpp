@@ -12,6 +12,7 @@
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
+#include "intervals.h"
 
 namespace cocemu::bench {
 
@@ -89,41 +90,10 @@ BenchConfig bench_config(const std::string& model, const std::string& profile) {
 
 namespace {
 
-using Interval = std::pair<std::int64_t, std::int64_t>;
-
-/// Sorted, merged intervals.
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<Interval> out;
-  for (const auto& iv : v) {
-    if (iv.second <= iv.first) continue;
-    if (!out.empty() && iv.first <= out.back().second)
-      out.back().second = std::max(out.back().second, iv.second);
-    else
-      out.push_back(iv);
-  }
-  return out;
-}
-
-double length(const std::vector<Interval>& v) {
-  double s = 0;
-  for (const auto& [a, b] : v)
-    s += double(b - a);
-  return s;
-}
-
-/// Total length of the intersection of two merged interval lists.
-double intersection(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  double s = 0;
-  std::size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const std::int64_t lo = std::max(a[i].first, b[j].first),
-                       hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) s += double(hi - lo);
-    (a[i].second < b[j].second ? i : j)++;
-  }
-  return s;
-}
+using detail::intersection;
+using detail::Interval;
+using detail::length;
+using detail::merged;
 
 bool on_device(const OpRecord& op) {
   return op.lane > 0 &&

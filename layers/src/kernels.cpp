@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <vector>
 
 #include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/cost_model.h"
@@ -274,6 +276,15 @@ void rmsnorm_backward(Rank& rank, const Tensor& x, const Tensor& rms, const Tens
       }
     }
   });
+}
+
+Tensor random_normal(const Shape& s, DType t, std::uint64_t seed, double scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0, scale);
+  std::vector<double> v(std::size_t(s.numel()));
+  for (auto& x : v)
+    x = d(rng);
+  return Tensor::from<double>(s, v, t);
 }
 
 }  // namespace cocemu::layers::detail

@@ -74,6 +74,8 @@ void shuffle_rows(Rank& rank, const Tensor& src, const Tensor& dst, std::int64_t
 /// Columns [col0, col0 + w) of `wide` [m, W] = `narrow` [m, w] (into_wide), or the reverse.
 void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int64_t col0,
                   bool into_wide);
+/// Normal(0, scale) values from seed (std::mt19937_64), rounded once to `dtype`: initial weights.
+Tensor random_normal(const Shape& shape, DType dtype, std::uint64_t seed, double scale);
 /// A zero tensor with storage unless the run is a dry run.
 Tensor alloc(const Rank& rank, const Shape& shape, DType dtype);
 

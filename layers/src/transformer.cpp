@@ -1,7 +1,6 @@
 #include "cocemu/layers/transformer.h"
 
 #include <cmath>
-#include <random>
 #include <utility>
 
 #include "cocemu/attention/local_attention.h"
@@ -20,15 +19,6 @@ using detail::set;
 
 namespace {
 
-Tensor random(const Shape& s, DType t, std::uint64_t seed, double scale) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(0, scale);
-  std::vector<double> v(std::size_t(s.numel()));
-  for (auto& x : v)
-    x = d(rng);
-  return Tensor::from<double>(s, v, t);
-}
-
 double gelu(double x) {
   return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
@@ -42,10 +32,11 @@ double gelu_grad(double x) {
 
 TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint64_t seed) {
   const double s = 1.0 / std::sqrt(double(c.hidden));
-  return {layers::random({c.qkv_width(), c.hidden}, c.dtype, seed, s),
-          layers::random({c.hidden, c.hidden}, c.dtype, seed + 1, s),
-          layers::random({c.up_width(), c.hidden}, c.dtype, seed + 2, s),
-          layers::random({c.hidden, c.ffn}, c.dtype, seed + 3, 1.0 / std::sqrt(double(c.ffn)))};
+  return {
+      detail::random_normal({c.qkv_width(), c.hidden}, c.dtype, seed, s),
+      detail::random_normal({c.hidden, c.hidden}, c.dtype, seed + 1, s),
+      detail::random_normal({c.up_width(), c.hidden}, c.dtype, seed + 2, s),
+      detail::random_normal({c.hidden, c.ffn}, c.dtype, seed + 3, 1.0 / std::sqrt(double(c.ffn)))};
 }
 
 TransformerWeights TransformerWeights::shapes(const TransformerConfig& c) {

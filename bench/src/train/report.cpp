@@ -4,45 +4,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../intervals.h"
 #include "cocemu/bench/train/train_report.h"
 
 namespace cocemu::bench {
 
 namespace {
 
-using Interval = std::pair<std::int64_t, std::int64_t>;
-
-/// Sorted, merged intervals.
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<Interval> out;
-  for (const auto& i : v) {
-    if (i.second <= i.first) continue;
-    if (!out.empty() && i.first <= out.back().second)
-      out.back().second = std::max(out.back().second, i.second);
-    else
-      out.push_back(i);
-  }
-  return out;
-}
-
-/// Length of `a` not covered by `b` (both merged).
-std::int64_t uncovered(const std::vector<Interval>& a, const std::vector<Interval>& b) {
-  std::int64_t total = 0;
-  std::size_t j = 0;
-  for (const auto& [s, e] : a) {
-    std::int64_t at = s;
-    while (j < b.size() && b[j].second <= at)
-      ++j;
-    for (std::size_t k = j; k < b.size() && b[k].first < e; ++k) {
-      if (b[k].first > at) total += b[k].first - at;
-      at = std::max(at, b[k].second);
-      if (at >= e) break;
-    }
-    if (at < e) total += e - at;
-  }
-  return total;
-}
+using detail::Interval;
+using detail::merged;
+using detail::uncovered;
 
 /// The kind of communication a lane carries (its stream's name).
 const char* comm_kind(const std::string& lane) {
@@ -139,7 +110,7 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
     }
     const auto busy_compute = merged(compute);
     for (auto& [k, v] : comm)
-      rep.exposed_comm_ns[k] += double(uncovered(merged(v), busy_compute)) / rep.world;
+      rep.exposed_comm_ns[k] += uncovered(merged(v), busy_compute) / rep.world;
   }
   rep.memory = estimate_memory(o.model, l, *run.profile);
   return rep;

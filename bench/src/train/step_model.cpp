@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 
+#include "../intervals.h"
 #include "cocemu/collectives/plan.h"
 #include "cocemu/layers/train/pipeline.h"
 #include "cocemu/runtime/cost_model.h"
@@ -50,7 +51,7 @@ std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
   std::map<std::string, PartCost> parts;
   for (const auto& p : r.pieces) {
     std::int64_t lo = INT64_MAX, hi = 0;
-    std::vector<std::pair<std::int64_t, std::int64_t>> compute, tp, cp;
+    std::vector<detail::Interval> compute, tp, cp;
     for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
       if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
       lo = std::min(lo, times[i].start_ns);
@@ -66,19 +67,9 @@ std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
     PartCost c;
     if (hi > lo) c.ns = double(hi - lo);
     // Exposed communication: comm time not covered by any compute of the part.
-    std::sort(compute.begin(), compute.end());
-    auto exposed = [&](const std::vector<std::pair<std::int64_t, std::int64_t>>& comm) {
-      double total = 0;
-      for (const auto& [s, e] : comm) {
-        std::int64_t at = s, covered = 0;
-        for (const auto& [cs, ce] : compute) {
-          if (ce <= at || cs >= e) continue;
-          covered += std::min(ce, e) - std::max(cs, at);
-          at = std::min(ce, e);
-        }
-        total += double(e - s - covered);
-      }
-      return total;
+    const auto covered_by = detail::merged(compute);
+    auto exposed = [&](const std::vector<detail::Interval>& comm) {
+      return detail::uncovered(detail::merged(comm), covered_by);
     };
     c.exposed_tp_ns = exposed(tp);
     c.exposed_cp_ns = exposed(cp);

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <mutex>
-#include <random>
 #include <type_traits>
 
 #include "cocemu/collectives/ops.h"
@@ -55,27 +54,14 @@ TokenBatch synthetic_batch(std::uint64_t seed, std::int64_t vocab, std::int64_t 
   return b;
 }
 
-namespace {
-
-Tensor random_table(const Shape& s, DType t, std::uint64_t seed, double scale) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(0, scale);
-  std::vector<double> v(std::size_t(s.numel()));
-  for (auto& x : v)
-    x = d(rng);
-  return Tensor::from<double>(s, v, t);
-}
-
-}  // namespace
-
 Tensor initial_embedding(const TrainOptions& o, std::int64_t vocab) {
-  return random_table({vocab, o.model.hidden}, o.layout.dtype, o.seed * 7919 + 1,
-                      1.0 / std::sqrt(double(o.model.hidden)));
+  return layers::detail::random_normal({vocab, o.model.hidden}, o.layout.dtype, o.seed * 7919 + 1,
+                                       1.0 / std::sqrt(double(o.model.hidden)));
 }
 
 Tensor initial_head(const TrainOptions& o, std::int64_t vocab) {
-  return random_table({vocab, o.model.hidden}, o.layout.dtype, o.seed * 7919 + 2,
-                      1.0 / std::sqrt(double(o.model.hidden)));
+  return layers::detail::random_normal({vocab, o.model.hidden}, o.layout.dtype, o.seed * 7919 + 2,
+                                       1.0 / std::sqrt(double(o.model.hidden)));
 }
 
 std::uint64_t layer_seed(const TrainOptions& o, std::int64_t layer) {

@@ -124,8 +124,11 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
     __builtin_ia32_pause();
 #endif
   }
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + scope.timeout;
+  // The deadline runs from the last time the counter moved: a wait behind a long queue that is
+  // draining (a stream waiting for work enqueued a whole iteration ahead) is progress, not a
+  // hang; a counter that stands still for the timeout is.
+  auto deadline = std::chrono::steady_clock::now() + scope.timeout;
+  std::uint32_t seen = load();
   // Yield for a while (COCEMU_WAIT_YIELDS times, default 2000): with more runnable threads than
   // cores the peer we wait for usually needs our core, and a busy core answers faster than a
   // halted virtual CPU woken by an interrupt. Then sleep in the kernel until woken; time slices
@@ -147,9 +150,15 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
     slice_ns = std::min<long>(slice_ns * 2, 5'000'000);
     if (scope.world && scope.world->aborted())
       scope.world->throw_remote_failure(scope.rank, what());
-    if (std::chrono::steady_clock::now() >= deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (const std::uint32_t v = load(); v != seen) {
+      seen = v;
+      deadline = now + scope.timeout;
+    }
+    if (now >= deadline) {
       std::string msg = fmt::format(
-          "rank {} ({}) timed out after {} ms waiting for {} (counter at {}, needed {})",
+          "rank {} ({}) timed out: no progress for {} ms waiting for {} (counter at {}, needed "
+          "{})",
           scope.rank, scope.lane, scope.timeout.count(), what(), load(), target);
       if (scope.world) msg += "\n" + scope.world->status_report();
       throw Error(Errc::timeout, msg);

@@ -99,7 +99,7 @@ TEST(World, TimedOutWaitSaysWhatItWaitedFor) {
             o);
       },
       Errc::timeout,
-      {"timed out after 200 ms", "the answer to be ready", "counter at 0, needed 5",
+      {"no progress for 200 ms", "the answer to be ready", "counter at 0, needed 5",
        "what each rank was last doing", "waiting for the answer"});
 }
 

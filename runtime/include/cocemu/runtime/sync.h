@@ -10,7 +10,9 @@
 /// everything the signalling thread wrote before it); `wait_geq` returns after an acquire load that
 /// saw the target, so the waiter sees those writes. Waiting spins briefly, then yields, then sleeps
 /// in the kernel (futex) in short slices; between slices it checks the world's abort flag and its
-/// deadline. No wait is unbounded: on timeout it throws `Errc::timeout` naming what it waited for.
+/// deadline. No wait is unbounded: when the counter has not moved for the timeout it throws
+/// `Errc::timeout` naming what it waited for (a counter that keeps moving is a queue draining,
+/// however long — a stream may wait for work enqueued a whole training iteration ahead).
 #include <atomic>
 #include <chrono>
 #include <cstdint>

@@ -17,13 +17,13 @@ using layers::train::DecoderShape;
 layers::train::DecoderShape tiny_model() {
   DecoderShape m;
   m.name = "tiny (built-in)";
-  m.hidden = 256;
+  m.hidden = 128;
   m.heads = 8;
   m.kv_heads = 4;
-  m.ffn = 512;
+  m.ffn = 256;
   m.num_layers = 4;
-  m.vocab = 2048;
-  m.seq = 128;
+  m.vocab = 1024;
+  m.seq = 64;
   m.swiglu = true;
   return m;
 }

@@ -286,7 +286,7 @@ void ParamBuffers::finish_reductions() {
                 [g = grads_, s = grad_shard_] { s.copy_from(g); });
 }
 
-void ParamBuffers::update(Group& dp, int step, const AdamOptions& a, double grad_scale) {
+void ParamBuffers::update(Group& dp, int step, const Adam& a, double grad_scale) {
   const double scale = grad_scale;
   const double c1 = 1 - std::pow(a.beta1, step), c2 = 1 - std::pow(a.beta2, step);
   for (const auto& b : buckets_) {

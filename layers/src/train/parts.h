@@ -77,9 +77,6 @@ struct Bucket {
   int pending = 0;  ///< parameters whose gradients are not final yet (this iteration)
 };
 
-struct AdamOptions {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-};
 
 /// Megatron's DDP grad buffer and (distributed) optimizer for one rank's parameters: parameters
 /// (model dtype) and gradients (f32; f64 for f64 models) in contiguous buffers, in the order the
@@ -104,7 +101,7 @@ class ParamBuffers {
   Tensor owned_grads() const { return sharded_ ? grad_shard_ : grads_; }
   /// Adam (step `step`, from 1) on the owned part, the reduced gradients times `grad_scale`
   /// (1/dp with gradients_mean); with sharding, all-gathers the parameters.
-  void update(Group& dp, int step, const AdamOptions& adam, double grad_scale);
+  void update(Group& dp, int step, const Adam& adam, double grad_scale);
   /// Master weights from the parameters (once their values have been bound in).
   void init_master();
   /// The parameters' values (for reports and tests).

@@ -536,8 +536,7 @@ class StageRunner {
       std::lock_guard lock(out_.mu);
       out_.grad_norm[std::size_t(iteration)] = slot;
     }
-    const Adam& a = o_.adam;
-    buffers_->update(dp_cp_, iteration + 1, {a.lr, a.beta1, a.beta2, a.eps}, mean);
+    buffers_->update(dp_cp_, iteration + 1, o_.adam, mean);
   }
 
   void collect(std::vector<std::uint32_t> firsts) {

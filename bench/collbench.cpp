@@ -241,7 +241,7 @@ void add_collbench(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   CLI::App* sub = app.add_subcommand(
       "collbench", "nccl-tests-style table per collective: host wall time and modeled time");
-  number(sub, "-n,--ranks", o->ranks, "number of ranks (1..64; 1..1024 with --dry-run)", 1, 1024);
+  number(sub, "-n,--ranks", o->ranks, "number of ranks (1..256; 1..1024 with --dry-run)", 1, 1024);
   sub->add_option("--ops", o->ops, "collectives to run")->delimiter(',')->capture_default_str();
   number(sub, "-b,--min-bytes", o->min_bytes, "smallest size S in bytes", std::uint64_t(1),
          std::uint64_t(1) << 40);
@@ -280,8 +280,9 @@ void add_collbench(CLI::App& app) {
     wo.deterministic = !o->nondeterministic;
     wo.record_wall_times = false;
     const int n = o->ranks;
-    COCEMU_CHECK_ARG(n >= 1 && n <= (o->dry_run ? 1024 : 64),
-                     "collbench: -n {} is out of range; allowed 1..64 (1..1024 with --dry-run)", n);
+    COCEMU_CHECK_ARG(n >= 1 && n <= (o->dry_run ? 1024 : 256),
+                     "collbench: -n {} is out of range; allowed 1..256 (1..1024 with --dry-run)",
+                     n);
     const std::uint64_t align = std::uint64_t(n) * size_of(dtype);
     if (!o->json.empty()) check_output_file("--json", o->json);
     if (!o->dry_run)  // in and out buffers of every rank, plus the check's reference

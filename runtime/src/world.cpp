@@ -335,8 +335,8 @@ std::shared_ptr<const DeviceProfile> default_profile() {
 
 World::World(const WorldOptions& options)
     : options_(options), t0_(std::chrono::steady_clock::now()) {
-  COCEMU_CHECK_ARG(options_.n_ranks >= 1 && options_.n_ranks <= 64,
-                   "run: n_ranks = {} is out of range; allowed 1..64", options_.n_ranks);
+  COCEMU_CHECK_ARG(options_.n_ranks >= 1 && options_.n_ranks <= 256,
+                   "run: n_ranks = {} is out of range; allowed 1..256", options_.n_ranks);
   COCEMU_CHECK_ARG(options_.timeout.count() > 0, "run: timeout {} ms must be positive",
                    options_.timeout.count());
   if (!options_.profile) options_.profile = default_profile();

@@ -39,8 +39,8 @@ TEST(World, RunsEveryRankOnItsOwnThread) {
 
 TEST(World, RejectsRankCountsOutOfRange) {
   expect_error([] { run_ranks(0, [](Rank&) {}); }, Errc::invalid_argument,
-               {"n_ranks = 0", "1..64"});
-  expect_error([] { run_ranks(65, [](Rank&) {}); }, Errc::invalid_argument, {"n_ranks = 65"});
+               {"n_ranks = 0", "1..256"});
+  expect_error([] { run_ranks(257, [](Rank&) {}); }, Errc::invalid_argument, {"n_ranks = 257"});
 }
 
 TEST(World, AFailingRankUnwindsTheOthersAndRunRethrowsWithItsId) {

@@ -76,10 +76,10 @@ int peak_chunks_in_flight(const TrainLayout& l, int stage) {
 namespace {
 
 double layer_parameters(const DecoderShape& m) {
-  const double h = double(m.hidden), d = h / double(m.heads);
-  const double qkv = (double(m.heads) + 2.0 * double(m.kv())) * d;
-  const double up = m.swiglu ? 2.0 * double(m.ffn) : double(m.ffn);
-  return h * qkv + h * h + h * up + double(m.ffn) * h;
+  double n = 0;
+  for (const double p : linear_parameters(m))
+    n += p;
+  return n;
 }
 
 double layers_on_stage(const DecoderShape& m, const TrainLayout& l, int stage) {
@@ -90,6 +90,13 @@ double layers_on_stage(const DecoderShape& m, const TrainLayout& l, int stage) {
 }
 
 }  // namespace
+
+std::array<double, 4> linear_parameters(const DecoderShape& m) {
+  const double h = double(m.hidden), d = h / double(m.heads);
+  const double qkv = (double(m.heads) + 2.0 * double(m.kv())) * d;
+  const double up = m.swiglu ? 2.0 * double(m.ffn) : double(m.ffn);
+  return {double(m.ffn) * h, up * h, h * h, qkv * h};
+}
 
 std::string decimal_bytes(double b) {
   if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);

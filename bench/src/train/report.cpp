@@ -15,7 +15,8 @@ using detail::Interval;
 using detail::merged;
 using detail::uncovered;
 
-/// The kind of communication a lane carries (its stream's name).
+}  // namespace
+
 const char* comm_kind(const std::string& lane) {
   if (lane == "comm") return "TP";
   if (lane == "dp comm") return "DP";
@@ -23,8 +24,6 @@ const char* comm_kind(const std::string& lane) {
   if (lane.rfind("cp", 0) == 0) return "CP";
   return nullptr;
 }
-
-}  // namespace
 
 TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainResult& r) {
   const auto& o = setup.options;

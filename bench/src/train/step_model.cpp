@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string_view>
 
 #include "../intervals.h"
 #include "cocemu/collectives/plan.h"
@@ -56,12 +57,12 @@ std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
       if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
       lo = std::min(lo, times[i].start_ns);
       hi = std::max(hi, times[i].end_ns);
-      const std::string& lane = lanes[std::size_t(ops[i].lane)];
+      const char* kind = comm_kind(lanes[std::size_t(ops[i].lane)]);
       if (ops[i].cls != OpClass::comm)
         compute.push_back({times[i].start_ns, times[i].end_ns});
-      else if (lane == "comm")
+      else if (kind == std::string_view("TP"))
         tp.push_back({times[i].start_ns, times[i].end_ns});
-      else if (lane.rfind("cp", 0) == 0)
+      else if (kind == std::string_view("CP"))
         cp.push_back({times[i].start_ns, times[i].end_ns});
     }
     PartCost c;
@@ -128,23 +129,23 @@ TrainReport model_step(const TrainSetup& setup) {
   auto layers_in = [&](int s, int c) {
     return double(layers::train::layers_of(o.model, l, s, c).count);
   };
-  auto duration = [&](int s, const PipelineAction& a) {
+  // One action of stage s: its chunk's layers, plus the embedding on the first chunk of the
+  // first stage and the loss on the last chunk of the last.
+  auto action_cost = [&](int s, const PipelineAction& a) {
     const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
     const double n = layers_in(s, a.chunk);
-    return a.forward ? n * lf.ns + (first ? ef.ns : 0) + (last ? sf.ns : 0)
-                     : n * lb.ns + (first ? eb.ns : 0) + (last ? sb.ns : 0);
+    const PartCost& layer = a.forward ? lf : lb;
+    PartCost c{n * layer.ns, n * layer.exposed_tp_ns, n * layer.exposed_cp_ns};
+    for (const auto& [on, part] :
+         {std::pair{first, a.forward ? ef : eb}, std::pair{last, a.forward ? sf : sb}})
+      if (on) {
+        c.ns += part.ns;
+        c.exposed_tp_ns += part.exposed_tp_ns;
+        c.exposed_cp_ns += part.exposed_cp_ns;
+      }
+    return c;
   };
-  auto exposed_tp = [&](int s, const PipelineAction& a) {
-    const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
-    const double n = layers_in(s, a.chunk);
-    return a.forward ? n * lf.exposed_tp_ns + (first ? ef.exposed_tp_ns : 0) +
-                           (last ? sf.exposed_tp_ns : 0)
-                     : n * lb.exposed_tp_ns + (first ? eb.exposed_tp_ns : 0) +
-                           (last ? sb.exposed_tp_ns : 0);
-  };
-  auto exposed_cp = [&](int s, const PipelineAction& a) {  // only layers communicate over cp
-    return layers_in(s, a.chunk) * (a.forward ? lf.exposed_cp_ns : lb.exposed_cp_ns);
-  };
+  auto duration = [&](int s, const PipelineAction& a) { return action_cost(s, a).ns; };
   // Transfers: an activation (or its gradient) of one micro-batch, between stage s and s + 1.
   const double outside = l.sequence_parallel && l.tp > 1 ? l.tp : 1;
   const double act_bytes = double(o.model.seq) / l.cp * double(l.micro_batch_size) *
@@ -203,15 +204,16 @@ TrainReport model_step(const TrainSetup& setup) {
           exposed_pp[std::size_t(s)] += std::min(transfer - ready, wire);
           ready = transfer;
         }
-        const double d = duration(s, a);
+        const PartCost cost = action_cost(s, a);
+        const double d = cost.ns;
         done[{s, a.forward, a.micro_batch, a.chunk}] = ready + d;
         spans[std::size_t(s)].push_back({ready, ready + d});
         rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
                                 std::int64_t(ready), std::int64_t(ready + d)});
         free_at[std::size_t(s)] = ready + d;
         busy[std::size_t(s)] += d;
-        exposed_tp_sum[std::size_t(s)] += exposed_tp(s, a);
-        exposed_cp_sum[std::size_t(s)] += exposed_cp(s, a);
+        exposed_tp_sum[std::size_t(s)] += cost.exposed_tp_ns;
+        exposed_cp_sum[std::size_t(s)] += cost.exposed_cp_ns;
         ++i;
         --remaining;
         progressed = true;
@@ -225,11 +227,8 @@ TrainReport model_step(const TrainSetup& setup) {
   const double grad_bytes_each = l.dtype == DType::f64 ? 8 : 4;
   const double cap = l.bucket_mb * 1e6 / grad_bytes_each;
   const double vocab_rows = double(layers::train::padded_vocab(o.model.vocab, l.tp)) / l.tp;
-  const double h = double(o.model.hidden), d_head = h / double(o.model.heads);
-  const double qkv = (double(o.model.heads) + 2.0 * double(o.model.kv())) * d_head;
-  const double up = o.model.swiglu ? 2.0 * double(o.model.ffn) : double(o.model.ffn);
-  const double layer_params[4] = {double(o.model.ffn) * h / l.tp, up * h / l.tp, h * h / l.tp,
-                                  qkv * h / l.tp};
+  const double h = double(o.model.hidden);
+  const auto layer_params = linear_parameters(o.model);  // per linear, before TP
   std::vector<double> stage_end(static_cast<std::size_t>(pp)),
       optimizer_ns(static_cast<std::size_t>(pp)), exposed_dp(static_cast<std::size_t>(pp), 0);
   // Gradients are reduced over dp × cp (rank = tp + tp·(cp + cp·(dp + dp·pp))).
@@ -251,7 +250,7 @@ TrainReport model_step(const TrainSetup& setup) {
       for (double k = 0; k < layers_in(s, c); ++k) {
         at += lb.ns;
         for (const double p : layer_params)
-          params.push_back({at, p});
+          params.push_back({at, p / l.tp});
       }
       if (s == 0 && c == 0) params.push_back({end, vocab_rows * h});
     }

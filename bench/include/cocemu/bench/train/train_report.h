@@ -5,6 +5,7 @@
 /// too large to run.
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,6 +66,13 @@ MemoryEstimate estimate_memory(const layers::train::DecoderShape& model,
 
 /// "41.2 GB", "3.1 MB", "12.0 kB" (decimal units, as device memory is quoted).
 std::string decimal_bytes(double bytes);
+
+/// Parameters of one layer's four linears, in the order the backward finalizes them: MLP down,
+/// MLP up, attention out, QKV (full, before TP).
+std::array<double, 4> linear_parameters(const layers::train::DecoderShape& model);
+/// The kind of communication a lane of a rank carries, by its stream's name: "TP" (the comm
+/// stream), "DP", "PP", "CP"; nullptr for other lanes.
+const char* comm_kind(const std::string& lane);
 
 /// Parameters of one stage's ranks (per device, after TP).
 double stage_parameters(const layers::train::DecoderShape& model,

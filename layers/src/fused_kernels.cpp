@@ -156,8 +156,7 @@ PipelineCost price_pipeline(std::int64_t steps, StepCost full, StepCost last, bo
 /// A step's in-kernel transfer: the direct plan's link time, with the link latency per round in
 /// place of a collective library's per-step α (the kernel writes peer memory and raises flags
 /// itself; no collective is launched).
-double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t) {
-  const DeviceProfile& p = rank.profile();
+double comm_cost(const DeviceProfile& p, CollOp op, int n, std::int64_t count, DType t) {
   const Plan plan = build_plan({op, Algorithm::direct, n, count, 0, true, {}});
   const PlanCost c = price_plan(plan, p, t);
   const double alpha = p.algorithms.at("direct").step_latency_ns;
@@ -169,15 +168,15 @@ double comm_cost(const Rank& rank, CollOp op, int n, std::int64_t count, DType t
 /// share of the whole product at the whole product's efficiency: a fused kernel runs one GEMM
 /// whose tiles it schedules step by step (LCOC), not a series of small GEMMs.
 template <class PerStep>
-PipelineCost price_steps(const Rank& rank, const Pipeline& pl, std::int64_t rows, CollOp op,
-                         bool comm_first, DType t, int n_ranks, PerStep per_step) {
+PipelineCost price_steps(const DeviceProfile& profile, const Pipeline& pl, std::int64_t rows,
+                         CollOp op, bool comm_first, DType t, int n_ranks, PerStep per_step) {
   if (pl.steps == 0) return {};
   const auto cost = [&](std::int64_t h) {
     const auto [gemm_ns, count] = per_step(h);
-    return StepCost{gemm_ns, comm_cost(rank, op, n_ranks, count, t)};
+    return StepCost{gemm_ns, comm_cost(profile, op, n_ranks, count, t)};
   };
   const StepCost full = cost(pl.step_rows), last = cost(rows - (pl.steps - 1) * pl.step_rows);
-  return price_pipeline(pl.steps, full, last, comm_first, rank.profile().contention);
+  return price_pipeline(pl.steps, full, last, comm_first, profile.contention);
 }
 
 /// Adds `src` rows into an f32/f64 accumulator, or starts it.
@@ -305,10 +304,10 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
   const SymmetricBuffer buf = ws.first;
   const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
-  PipelineCost pc =
-      price_steps(rank, pl, m, CollOp::all_reduce, false, x.dtype(), n_ranks, [&](std::int64_t h) {
-        return std::pair{whole * double(h) / double(m), h * n};
-      });
+  PipelineCost pc = price_steps(rank.profile(), pl, m, CollOp::all_reduce, false, x.dtype(),
+                                n_ranks, [&](std::int64_t h) {
+                                  return std::pair{whole * double(h) / double(m), h * n};
+                                });
   if (prologue_ns > 0) {
     pc.total += prologue_ns;
     pc.compute += prologue_ns;
@@ -485,8 +484,8 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
   const SymmetricBuffer buf = ws.first;
   const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
-  const PipelineCost pc = price_steps(rank, pl, ml, CollOp::reduce_scatter, false, x.dtype(),
-                                      n_ranks, [&](std::int64_t h) {
+  const PipelineCost pc = price_steps(rank.profile(), pl, ml, CollOp::reduce_scatter, false,
+                                      x.dtype(), n_ranks, [&](std::int64_t h) {
                                         return std::pair{whole * double(h) / double(ml), h * n};
                                       });
   const bool det = o.deterministic;
@@ -546,10 +545,10 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
   const SymmetricBuffer buf = ws.first;
   const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
-  const PipelineCost pc =
-      price_steps(rank, pl, ml, CollOp::all_gather, true, x.dtype(), n_ranks, [&](std::int64_t h) {
-        return std::pair{whole * double(h) / double(ml), h * k};
-      });
+  const PipelineCost pc = price_steps(rank.profile(), pl, ml, CollOp::all_gather, true, x.dtype(),
+                                      n_ranks, [&](std::int64_t h) {
+                                        return std::pair{whole * double(h) / double(ml), h * k};
+                                      });
   const Tensor full = gathered.defined() ? gathered : Tensor::shape_only({m, k}, x.dtype());
   launch_fused(
       g,
@@ -585,6 +584,43 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
         drain(buf, base, pl.steps, n_ranks);
         if (bias.defined()) detail::add_bias_now(out, bias);
       });
+}
+
+double fused_kernel_ns(const DeviceProfile& profile, FusedKind kind, std::int64_t m, std::int64_t k,
+                       std::int64_t n, int ranks, DType dtype, const FusedOptions& o,
+                       bool trans_w) {
+  COCEMU_CHECK_ARG(ranks >= 1 && m >= 0 && k >= 1 && n >= 1,
+                   "fused_kernel_ns: m {} k {} n {} ranks {} must be positive", m, k, n, ranks);
+  const double whole = gemm_ns(profile, m, n, k, dtype, {false, trans_w});
+  switch (kind) {
+    case FusedKind::matmul_all_reduce: {
+      const Pipeline pl = pipeline(m, o);
+      return price_steps(profile, pl, m, CollOp::all_reduce, false, dtype, ranks,
+                         [&](std::int64_t h) {
+                           return std::pair{whole * double(h) / double(m), h * n};
+                         })
+          .total;
+    }
+    case FusedKind::matmul_reduce_scatter: {
+      const std::int64_t ml = m / ranks;
+      const Pipeline pl = pipeline(ml, o);
+      return price_steps(profile, pl, ml, CollOp::reduce_scatter, false, dtype, ranks,
+                         [&](std::int64_t h) {
+                           return std::pair{whole * double(h) / double(ml), h * n};
+                         })
+          .total;
+    }
+    case FusedKind::all_gather_matmul: {
+      const std::int64_t ml = m / ranks;
+      const Pipeline pl = pipeline(ml, o);
+      return price_steps(profile, pl, ml, CollOp::all_gather, true, dtype, ranks,
+                         [&](std::int64_t h) {
+                           return std::pair{whole * double(h) / double(ml), h * k};
+                         })
+          .total;
+    }
+  }
+  return 0;
 }
 
 }  // namespace cocemu::layers

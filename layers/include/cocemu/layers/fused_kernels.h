@@ -60,6 +60,15 @@ struct W8A16Weight {
   std::int64_t group_size = 0;
 };
 
+/// The three kernels by what they fuse.
+enum class FusedKind { matmul_all_reduce, matmul_reduce_scatter, all_gather_matmul };
+/// The modeled time of a fused kernel of an [m, k]·[k, n] product over `ranks` ranks (m counts
+/// the gathered rows for ALL_GATHER_MATMUL and the unscattered rows for MATMUL_REDUCE_SCATTER),
+/// exactly as the kernel is priced when it launches — without running it (for planners).
+/// `trans_w`: the weight is stored [n, k].
+double fused_kernel_ns(const DeviceProfile& profile, FusedKind kind, std::int64_t m, std::int64_t k,
+                       std::int64_t n, int ranks, DType dtype, const FusedOptions& o, bool trans_w);
+
 /// (weight + offset) · scale, computed in f32 and rounded once to `to`.
 Tensor dequantize(const W8A16Weight& q, DType to);
 

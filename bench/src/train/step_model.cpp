@@ -2,7 +2,10 @@
 // pipeline schedule replayed with priced transfers, and priced DP reductions.
 #include "cocemu/bench/train/step_model.h"
 
+#include "cocemu/bench/plan/part_model.h"
+
 #include <fmt/format.h>
+#include <tbb/concurrent_hash_map.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,16 +23,7 @@ namespace cocemu::bench {
 using layers::train::PipelineAction;
 using layers::train::TrainLayout;
 
-namespace {
-
-/// Device time and exposed TP and CP communication of one model part, per micro-batch.
-struct PartCost {
-  double ns = 0, exposed_tp_ns = 0, exposed_cp_ns = 0;
-};
-
-/// Emulates one micro-batch through the embedding, one layer and the loss on one TP group (dry
-/// run) and measures each part on rank 0's modeled timeline.
-std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
+StepParts emulate_parts(const TrainSetup& setup) {
   layers::train::TrainOptions o = setup.options;
   TrainLayout& l = o.layout;
   l.dp = 1;
@@ -57,12 +51,13 @@ std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
       if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
       lo = std::min(lo, times[i].start_ns);
       hi = std::max(hi, times[i].end_ns);
-      const char* kind = comm_kind(lanes[std::size_t(ops[i].lane)]);
+      const char* k = comm_kind(lanes[std::size_t(ops[i].lane)]);
+      const std::string_view kind = k ? k : "";
       if (ops[i].cls != OpClass::comm)
         compute.push_back({times[i].start_ns, times[i].end_ns});
-      else if (kind == std::string_view("TP"))
+      else if (kind == "TP")
         tp.push_back({times[i].start_ns, times[i].end_ns});
-      else if (kind == std::string_view("CP"))
+      else if (kind == "CP")
         cp.push_back({times[i].start_ns, times[i].end_ns});
     }
     PartCost c;
@@ -76,8 +71,15 @@ std::map<std::string, PartCost> probe_parts(const TrainSetup& setup) {
     c.exposed_cp_ns = exposed(cp);
     parts[p.what] = c;
   }
-  return parts;
+  auto part = [&](const char* what) {
+    const auto it = parts.find(what);
+    return it == parts.end() ? PartCost{} : it->second;
+  };
+  return {part("layer fwd"),     part("layer bwd"), part("embedding fwd"),
+          part("embedding bwd"), part("loss fwd"),  part("loss bwd")};
 }
+
+namespace {
 
 /// End of a transfer of `work` ns (at full speed) starting at `start` on a rank whose compute
 /// runs until `compute_end`: while both run, the transfer progresses at 1/comm_slowdown and the
@@ -103,6 +105,40 @@ double p2p_ns(const DeviceProfile& p, double bytes, int a, int b) {
 }  // namespace
 
 TrainReport model_step(const TrainSetup& setup) {
+  return replay_step(setup, emulate_parts(setup));
+}
+
+struct CollectiveMemo::Impl {
+  tbb::concurrent_hash_map<std::string, double> prices;
+};
+
+CollectiveMemo::CollectiveMemo(std::shared_ptr<const DeviceProfile> profile)
+    : profile_(std::move(profile)), impl_(std::make_unique<Impl>()) {}
+CollectiveMemo::~CollectiveMemo() = default;
+std::size_t CollectiveMemo::size() const {
+  return impl_->prices.size();
+}
+
+double CollectiveMemo::price(CollOp op, int first, int stride, int size, std::int64_t count,
+                             DType dtype, std::uint64_t bytes) {
+  const std::string key =
+      fmt::format("{} {} {} {} {} {} {}", int(op), first, stride, size, count, int(dtype), bytes);
+  {
+    tbb::concurrent_hash_map<std::string, double>::const_accessor a;
+    if (impl_->prices.find(a, key)) return a->second;
+  }
+  std::vector<int> members(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i)
+    members[std::size_t(i)] = first + i * stride;
+  const double ns =
+      model_collective(*profile_, op, members, count, dtype, bytes, Algorithm::automatic, true)
+          .cost.total_ns;
+  impl_->prices.insert({key, ns});
+  return ns;
+}
+
+TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, CollectiveMemo* memo,
+                        bool record_pipeline) {
   const auto& o = setup.options;
   const TrainLayout& l = o.layout;
   const DeviceProfile& prof = *setup.profile;
@@ -117,13 +153,8 @@ TrainReport model_step(const TrainSetup& setup) {
   rep.nodes = setup.nodes;
   prof.check_world(rep.world);
 
-  const auto parts = probe_parts(setup);
-  auto part = [&](const char* what) {
-    const auto it = parts.find(what);
-    return it == parts.end() ? PartCost{} : it->second;
-  };
-  const PartCost lf = part("layer fwd"), lb = part("layer bwd"), ef = part("embedding fwd"),
-                 eb = part("embedding bwd"), sf = part("loss fwd"), sb = part("loss bwd");
+  const PartCost lf = parts.layer_fwd, lb = parts.layer_bwd, ef = parts.embedding_fwd,
+                 eb = parts.embedding_bwd, sf = parts.loss_fwd, sb = parts.loss_bwd;
   const int pp = l.pp, vpp = l.vpp, m = int(l.micro_batches());
   const int per_stage = rep.world / pp;
   auto layers_in = [&](int s, int c) {
@@ -158,7 +189,13 @@ TrainReport model_step(const TrainSetup& setup) {
   std::vector<std::vector<PipelineAction>> actions(static_cast<std::size_t>(pp));
   for (int s = 0; s < pp; ++s)
     actions[std::size_t(s)] = layers::train::pipeline_actions(l.schedule, pp, vpp, m, s);
-  std::map<std::tuple<int, bool, int, int>, double> done;  // (stage, fwd, mb, chunk) -> end
+  // End time of every action, by (stage, direction, micro-batch, chunk); NaN: not run yet.
+  std::vector<double> done_at(std::size_t(pp) * 2 * std::size_t(m) * std::size_t(vpp), NAN);
+  auto done = [&](int stage, bool fwd, int mb, int chunk) -> double& {
+    return done_at[((std::size_t(stage) * 2 + (fwd ? 1 : 0)) * std::size_t(m) + std::size_t(mb)) *
+                       std::size_t(vpp) +
+                   std::size_t(chunk)];
+  };
   std::vector<std::size_t> next(static_cast<std::size_t>(pp), 0);
   std::vector<double> free_at(static_cast<std::size_t>(pp), 0),
       busy(static_cast<std::size_t>(pp), 0), exposed_pp(static_cast<std::size_t>(pp), 0),
@@ -166,7 +203,6 @@ TrainReport model_step(const TrainSetup& setup) {
       exposed_cp_sum(static_cast<std::size_t>(pp), 0);
   std::vector<double> fwd_link_free(static_cast<std::size_t>(pp), 0),
       bwd_link_free(static_cast<std::size_t>(pp), 0);
-  std::map<std::tuple<int, bool, int, int>, double> arrival;  // input ready at the consumer
   std::vector<std::vector<std::pair<double, double>>> spans(static_cast<std::size_t>(pp));
   std::size_t remaining = 0;
   for (const auto& a : actions)
@@ -181,18 +217,18 @@ TrainReport model_step(const TrainSetup& setup) {
         const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
         if (a.forward && !first) {
           const int from = s == 0 ? pp - 1 : s - 1, chunk = s == 0 ? a.chunk - 1 : a.chunk;
-          const auto it = done.find({from, true, a.micro_batch, chunk});
-          if (it == done.end()) break;
+          const double input = done(from, true, a.micro_batch, chunk);
+          if (std::isnan(input)) break;
           auto& link = fwd_link_free[std::size_t(from)];
-          const double start = std::max(it->second, link);
+          const double start = std::max(input, link);
           link = start + link_ns[std::size_t(from)];
           transfer = link;
         } else if (!a.forward && !last) {
           const int from = s == pp - 1 ? 0 : s + 1, chunk = s == pp - 1 ? a.chunk + 1 : a.chunk;
-          const auto it = done.find({from, false, a.micro_batch, chunk});
-          if (it == done.end()) break;
+          const double input = done(from, false, a.micro_batch, chunk);
+          if (std::isnan(input)) break;
           auto& link = bwd_link_free[std::size_t(s)];
-          const double start = std::max(it->second, link);
+          const double start = std::max(input, link);
           link = start + link_ns[std::size_t(s)];
           transfer = link;
         }
@@ -206,10 +242,11 @@ TrainReport model_step(const TrainSetup& setup) {
         }
         const PartCost cost = action_cost(s, a);
         const double d = cost.ns;
-        done[{s, a.forward, a.micro_batch, a.chunk}] = ready + d;
+        done(s, a.forward, a.micro_batch, a.chunk) = ready + d;
         spans[std::size_t(s)].push_back({ready, ready + d});
-        rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
-                                std::int64_t(ready), std::int64_t(ready + d)});
+        if (record_pipeline)
+          rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
+                                  std::int64_t(ready), std::int64_t(ready + d)});
         free_at[std::size_t(s)] = ready + d;
         busy[std::size_t(s)] += d;
         exposed_tp_sum[std::size_t(s)] += cost.exposed_tp_ns;
@@ -237,10 +274,15 @@ TrainReport model_step(const TrainSetup& setup) {
   for (int s = 0; s < pp; ++s) {
     for (int i = 0; i < dpc; ++i)
       dp_members[std::size_t(i)] = l.tp * i + per_stage * s;
+    auto dp_price = [&](CollOp op, std::int64_t count, DType t, std::uint64_t bytes) {
+      if (memo) return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes);
+      return model_collective(prof, op, dp_members, count, t, bytes, Algorithm::automatic, true)
+          .cost.total_ns;
+    };
     // (ready time, elements) of every parameter.
     std::vector<std::pair<double, double>> params;
     for (int c = vpp - 1; c >= 0; --c) {
-      const double end = done[{s, false, m - 1, c}];
+      const double end = done(s, false, m - 1, c);
       const double start = end - duration(s, {false, m - 1, c});
       double at = start;
       if (s == pp - 1 && c == vpp - 1) {
@@ -265,17 +307,14 @@ TrainReport model_step(const TrainSetup& setup) {
       if (dpc > 1) {
         const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
         const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / dpc : n);
-        const auto mc = model_collective(
-            prof, op, dp_members, count, (l.dtype == DType::f64 ? DType::f64 : DType::f32),
-            std::uint64_t(n * grad_bytes_each), Algorithm::automatic, true);
+        const double ns = dp_price(op, count, (l.dtype == DType::f64 ? DType::f64 : DType::f32),
+                                   std::uint64_t(n * grad_bytes_each));
         const double start = std::max(ready, dp_free);
-        dp_free = contended(start, mc.cost.total_ns, compute_end, prof.contention);
+        dp_free = contended(start, ns, compute_end, prof.contention);
       }
       if (l.distributed_optimizer) {
-        const auto ag = model_collective(
-            prof, CollOp::all_gather, dp_members, std::int64_t(n / dpc), l.dtype,
-            std::uint64_t(n * double(size_of(l.dtype))), Algorithm::automatic, true);
-        gather_ns += ag.cost.total_ns;
+        gather_ns += dp_price(CollOp::all_gather, std::int64_t(n / dpc), l.dtype,
+                              std::uint64_t(n * double(size_of(l.dtype))));
       }
       bucket = 0;
       held = 0;
@@ -299,13 +338,19 @@ TrainReport model_step(const TrainSetup& setup) {
     exposed_dp[std::size_t(s)] += gather_ns;
   }
   // The grad-norm all-reduce joins every stage, then each stage updates.
-  std::vector<int> everyone(static_cast<std::size_t>(rep.world));
-  for (int r = 0; r < rep.world; ++r)
-    everyone[std::size_t(r)] = r;
-  const double norm_ns = model_collective(prof, CollOp::all_reduce, everyone, 1,
-                                          (l.dtype == DType::f64 ? DType::f64 : DType::f32),
-                                          grad_bytes_each, Algorithm::automatic, true)
-                             .cost.total_ns;
+  const DType norm_t = l.dtype == DType::f64 ? DType::f64 : DType::f32;
+  double norm_ns = 0;
+  if (memo) {
+    norm_ns =
+        memo->price(CollOp::all_reduce, 0, 1, rep.world, 1, norm_t, std::uint64_t(grad_bytes_each));
+  } else {
+    std::vector<int> everyone(static_cast<std::size_t>(rep.world));
+    for (int r = 0; r < rep.world; ++r)
+      everyone[std::size_t(r)] = r;
+    norm_ns = model_collective(prof, CollOp::all_reduce, everyone, 1, norm_t,
+                               std::uint64_t(grad_bytes_each), Algorithm::automatic, true)
+                  .cost.total_ns;
+  }
   const double sync = *std::max_element(stage_end.begin(), stage_end.end()) + norm_ns;
   const double iteration = sync + *std::max_element(optimizer_ns.begin(), optimizer_ns.end());
   rep.iteration_ns = std::int64_t(std::llround(iteration));

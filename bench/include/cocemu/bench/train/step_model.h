@@ -17,9 +17,37 @@
 /// timeline applies the profile's contention factors), so an overlapped DP reduction costs it
 /// nothing. A test compares it with the emulated step on layouts both can run.
 #include "cocemu/bench/train/train_report.h"
+#include "cocemu/collectives/plan.h"
 
 namespace cocemu::bench {
 
 TrainReport model_step(const TrainSetup& setup);
+
+struct StepParts;
+
+/// Prices of DP-side collectives (model_collective), memoized for many replays on one profile;
+/// safe to share between threads.
+class CollectiveMemo {
+ public:
+  explicit CollectiveMemo(std::shared_ptr<const DeviceProfile> profile);
+  ~CollectiveMemo();
+  CollectiveMemo(const CollectiveMemo&) = delete;
+  CollectiveMemo& operator=(const CollectiveMemo&) = delete;
+  /// model_collective(...).cost.total_ns for a group whose world ranks are first + i·stride.
+  double price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
+               std::uint64_t bytes);
+  std::size_t size() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const DeviceProfile> profile_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The step from given parts (emulated, or priced by part_model.h): the schedule replay, the DP
+/// reductions and the optimizer, as above. `memo` (optional) must be on setup's profile;
+/// without `record_pipeline` the report's pipeline picture stays empty (searches).
+TrainReport replay_step(const TrainSetup& setup, const StepParts& parts,
+                        CollectiveMemo* memo = nullptr, bool record_pipeline = true);
 
 }  // namespace cocemu::bench

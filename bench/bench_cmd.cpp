@@ -119,6 +119,12 @@ void add_bench(CLI::App& app) {
     if (sens) j["sensitivity"] = bench::to_json(*sens);
     write_file(o->json.empty() ? "--out-dir" : "--json", json_path, j.dump(2) + "\n");
     std::printf("results      %s\n", json_path.c_str());
+    if (c.dry_run)
+      std::printf(
+          "\nnext: this is one layer on one TP group; for a whole-cluster layout (tp, cp, "
+          "pp, dp, recompute, CoC per shape) run `cocemu plan --model %s --nodes N "
+          "--global-batch B`\n",
+          o->model.empty() ? "MODEL" : o->model.c_str());
   });
 }
 

@@ -22,6 +22,7 @@ void add_tune(CLI::App& app);
 void add_validate(CLI::App& app);
 /// Registers `cocemu train` on `app`.
 void add_train(CLI::App& app);
+void add_plan(CLI::App& app);
 
 }  // namespace cocemu::cli
 

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   cocemu::cli::add_attention(app);
   cocemu::cli::add_mlpbench(app);
   cocemu::cli::add_train(app);
+  cocemu::cli::add_plan(app);
   // Every failure is one line on stderr and exit status 2 (help: 0).
   try {
     app.parse(argc, argv);
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && what.find("A subcommand is required") != std::string::npos)
       what = fmt::format(
           "unknown subcommand '{}'; allowed: bench, tune, validate, collbench, "
-          "attention, mlpbench, train",
+          "attention, mlpbench, train, plan",
           argv[1]);
     std::fprintf(stderr, "cocemu: error: %s (see --help)\n", what.c_str());
     return 2;

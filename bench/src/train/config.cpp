@@ -101,6 +101,9 @@ TrainSettings parse_train_config(const std::string& text, const std::string& ori
     read(t, "schedule", s.schedule, [&] { return t.string("schedule"); });
     read(t, "dtype", s.dtype, [&] { return t.string("dtype"); });
     read(t, "coc", s.coc, [&] { return t.string("coc"); });
+    read(t, "coc_config", s.coc_config, [&] { return t.string("coc_config"); });
+    read(t, "seq_length", s.seq_length,
+         [&] { return t.integer("seq_length", 1, std::int64_t(1) << 24); });
     read(t, "iterations", s.iterations, [&] { return t.integer("iterations", 1, 1000); });
     read(t, "global_batch_size", s.global_batch_size,
          [&] { return t.integer("global_batch_size", 1, std::int64_t(1) << 30); });
@@ -131,6 +134,7 @@ TrainSettings merge_settings(const TrainSettings& f, const TrainSettings& y) {
   take(s.dtype, f.dtype, y.dtype);
   take(s.coc, f.coc, y.coc);
   take(s.coc_config, f.coc_config, y.coc_config);
+  take(s.seq_length, f.seq_length, y.seq_length);
   take(s.cp_algo, f.cp_algo, y.cp_algo);
   take(s.cp_window_size, f.cp_window_size, y.cp_window_size);
   take(s.ulysses_degree_in_cp, f.ulysses_degree_in_cp, y.ulysses_degree_in_cp);
@@ -207,6 +211,7 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
                .swiglu = mc.swiglu};
     setup.model_source = mc.source;
   }
+  if (s.seq_length.value) o.model.seq = *s.seq_length.value;
   setup.profile = std::make_shared<const DeviceProfile>(
       load_named_profile(s.profile.value.value_or("ascend-910b")));
   setup.nodes = int(s.nodes.value.value_or(1));

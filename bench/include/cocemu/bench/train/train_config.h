@@ -25,7 +25,7 @@ struct TrainSettings {
   Setting<std::int64_t> cp_window_size, ulysses_degree_in_cp;
   Setting<bool> cp_send_recv_overlap;
   Setting<std::int64_t> tp, cp, dp, pp, layers_per_virtual_stage, vpp, nodes, iterations;
-  Setting<std::int64_t> micro_batch_size, global_batch_size, micro_batch_num;
+  Setting<std::int64_t> micro_batch_size, global_batch_size, micro_batch_num, seq_length;
   Setting<std::int64_t> micro_batch_interleave, bucket_params;
   Setting<double> bucket_mb;
   Setting<bool> sequence_parallel, distributed_optimizer, gradients_mean;

@@ -1,0 +1,98 @@
+#pragma once
+/// `cocemu plan` (R-PL-1..3): searches a whole-cluster training layout for a model, a cluster
+/// (profile × nodes), a global batch and a sequence length — tp, cp (ring or Ulysses), pp, vpp,
+/// dp, micro-batch size and count, recompute, the distributed optimizer, sequence parallelism,
+/// multi-copy, and the CoC strategy of every GEMM shape (as `tune` decides it).
+///
+/// Candidates break Megatron's and MindFormers' rules or do not fit device memory are pruned,
+/// counted by reason. The others are evaluated by the step model on parts priced from the cost
+/// model (part_model.h): no rank thread starts. Evaluation runs in a oneTBB task_arena of
+/// `threads` threads; priced parts and DP collectives are memoized in concurrent maps shared by
+/// all candidates.
+///
+/// Search modes (MindSpore's names where they fit):
+///  - exhaustive: every candidate with Megatron's even layer split;
+///  - dynamic_programming: as exhaustive, and for every 1F1B candidate the layer-to-stage
+///    partition that minimises the slowest stage (the embedding and the LM head make the first
+///    and last stages heavier), by dynamic programming over layers and stages;
+///  - recursive_programming: a fast heuristic — from a start layout, moves one dimension at a
+///    time to the best neighbour until none improves (a few dozen evaluations).
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cocemu/bench/train/train_report.h"
+
+namespace cocemu::bench {
+
+enum class SearchMode { exhaustive, dynamic_programming, recursive_programming };
+const char* to_string(SearchMode m);
+SearchMode parse_search_mode(const std::string& name);
+
+struct PlanRequest {
+  layers::train::DecoderShape model;  ///< seq is the training sequence length
+  std::string model_name;             ///< as given (configs/models/NAME or a path)
+  std::shared_ptr<const DeviceProfile> profile;
+  std::string profile_name;
+  int nodes = 1;
+  std::int64_t global_batch = 0;
+  DType dtype = DType::bf16;
+  SearchMode mode = SearchMode::exhaustive;
+  int threads = 0;  ///< 0: all cores
+  int top_k = 5;
+  /// The space (defaults: every value the rules allow up to these bounds).
+  std::vector<std::int64_t> micro_batch_sizes{1, 2, 4, 8};
+  int max_cp = 8;
+  int max_vpp = 4;
+  /// Also run the heuristic and report how its best compares (exhaustive modes).
+  bool compare_heuristic = true;
+};
+
+/// One evaluated candidate.
+struct PlanCandidate {
+  layers::train::TrainLayout layout;
+  std::map<std::string, int> customized_coc;  ///< "[m, k, n]" -> -1 fused, 1 off, 2/4/8
+  TrainReport report;                         ///< modeled (step model on priced parts)
+  std::string describe() const;               ///< layout and CoC in one line
+};
+
+struct PlanResult {
+  PlanRequest request;
+  int world = 0;
+  std::int64_t enumerated = 0, evaluated = 0;
+  std::map<std::string, std::int64_t> pruned;  ///< reason -> candidates
+  std::vector<PlanCandidate> top;              ///< best first
+  double seconds = 0;                          ///< the whole search
+  double evaluation_seconds = 0;  ///< its parallel part: pruning and evaluating candidates
+  double candidates_per_s = 0;    ///< candidates ÷ evaluation_seconds
+  int threads = 0;
+  std::string explanation;  ///< why the winner wins over the runner-up
+  /// The heuristic's best (recursive_programming) when compared, and its evaluations.
+  std::optional<PlanCandidate> heuristic;
+  std::int64_t heuristic_evaluated = 0;
+};
+
+/// The search. Throws Errc::invalid_argument for a request that cannot be searched (a global
+/// batch not divisible as required, a cluster too small, every candidate pruned — naming the
+/// constraints that pruned them).
+PlanResult plan(const PlanRequest& request);
+
+/// The space as plan enumerates it, before pruning (for tests that enumerate independently).
+std::vector<layers::train::TrainLayout> enumerate_layouts(const PlanRequest& request);
+/// Why plan prunes a layout ("" = it is evaluated), and its evaluation.
+std::string prune_reason(const PlanRequest& request, const layers::train::TrainLayout& layout);
+PlanCandidate evaluate_candidate(const PlanRequest& request,
+                                 const layers::train::TrainLayout& layout);
+
+std::string format_plan(const PlanResult& result);
+nlohmann::json to_json(const PlanResult& result);
+/// The winner as MindFormers `parallel_config` YAML (with cocemu's `train:` section, so
+/// `cocemu train --config FILE --dry-run` reproduces it), and as Megatron/MindSpeed flags.
+std::string winner_yaml(const PlanResult& result);
+std::string winner_flags(const PlanResult& result);
+
+}  // namespace cocemu::bench

@@ -1,0 +1,249 @@
+// `cocemu plan`: the exhaustive search finds the true optimum of a space a test enumerates on its
+// own; the heuristic returns only valid layouts that fit; the dynamic-programming partition is
+// balanced; bad input is a clear error; the CLI's winner reproduces in `cocemu train`.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cocemu/bench/plan/plan.h"
+#include "cocemu/runtime/error.h"
+#include "cocemu/runtime/profile.h"
+
+namespace cocemu::bench {
+namespace {
+
+using layers::train::PipelineSchedule;
+using layers::train::Recompute;
+using layers::train::TrainLayout;
+
+layers::train::DecoderShape small_model() {
+  layers::train::DecoderShape m;
+  m.name = "small";
+  m.hidden = 2048;
+  m.heads = 16;
+  m.kv_heads = 8;
+  m.ffn = 5632;
+  m.num_layers = 8;
+  m.vocab = 32000;
+  m.seq = 2048;
+  return m;
+}
+
+PlanRequest small_request() {
+  PlanRequest r;
+  r.model = small_model();
+  r.model_name = "small";
+  r.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+  r.profile_name = "ascend-910b";
+  r.nodes = 1;
+  r.global_batch = 16;
+  r.micro_batch_sizes = {1, 2};
+  r.max_cp = 2;
+  r.max_vpp = 2;
+  r.threads = 2;
+  r.top_k = 3;
+  return r;
+}
+
+// R-PL-1: the space enumerated here, independently of plan's own loops; every valid candidate
+// evaluated; the minimum must be plan's best.
+TEST(Plan, ExhaustiveFindsTheTrueOptimum) {
+  const PlanRequest r = small_request();
+  std::vector<TrainLayout> space;
+  for (int tp : {1, 2, 4, 8})
+    for (int cp : {1, 2})
+      for (std::string algo : {"megatron_cp_algo", "ulysses_cp_algo"})
+        for (int pp : {1, 2, 4, 8})
+          for (int vpp : {1, 2})
+            for (std::int64_t mbs : {1, 2})
+              for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+                for (bool dist : {false, true})
+                  for (bool sp : {false, true})
+                    for (int copies : {1, 2}) {
+                      if (8 % (tp * cp * pp) || (cp == 1 && algo != "megatron_cp_algo")) continue;
+                      if ((vpp > 1 && pp < 2) || (!sp && tp == 1)) continue;
+                      TrainLayout l;
+                      l.tp = tp;
+                      l.cp = cp;
+                      l.cp_algo = algo;
+                      l.pp = pp;
+                      l.dp = 8 / (tp * cp * pp);
+                      if (dist && l.dp * cp == 1) continue;
+                      l.vpp = vpp;
+                      l.schedule =
+                          vpp > 1 ? PipelineSchedule::interleaved : PipelineSchedule::one_f_one_b;
+                      l.micro_batch_size = mbs;
+                      l.global_batch_size = r.global_batch;
+                      l.recompute = rc;
+                      l.distributed_optimizer = dist;
+                      l.sequence_parallel = sp;
+                      l.micro_batch_interleave = copies;
+                      space.push_back(l);
+                    }
+  std::int64_t best = INT64_MAX, valid = 0;
+  for (const TrainLayout& l : space) {
+    if (!prune_reason(r, l).empty()) continue;
+    ++valid;
+    best = std::min(best, evaluate_candidate(r, l).report.iteration_ns);
+  }
+  ASSERT_GT(valid, 10);
+  const PlanResult res = plan(r);
+  EXPECT_EQ(res.enumerated, std::int64_t(space.size()));
+  EXPECT_EQ(res.evaluated, valid);
+  ASSERT_FALSE(res.top.empty());
+  EXPECT_EQ(res.top.front().report.iteration_ns, best);
+  std::int64_t pruned = 0;
+  for (const auto& [reason, n] : res.pruned)
+    pruned += n;
+  EXPECT_EQ(pruned + res.evaluated, res.enumerated);
+  for (std::size_t i = 1; i < res.top.size(); ++i)
+    EXPECT_LE(res.top[i - 1].report.iteration_ns, res.top[i].report.iteration_ns);
+  EXPECT_FALSE(res.explanation.empty());
+}
+
+// The same answer on one thread and on two (the memo is shared; results do not depend on which
+// thread priced what first).
+TEST(Plan, SameResultOnOneAndTwoThreads) {
+  PlanRequest r = small_request();
+  r.threads = 1;
+  const PlanResult one = plan(r);
+  r.threads = 2;
+  const PlanResult two = plan(r);
+  ASSERT_EQ(one.top.size(), two.top.size());
+  for (std::size_t i = 0; i < one.top.size(); ++i) {
+    EXPECT_EQ(one.top[i].describe(), two.top[i].describe());
+    EXPECT_EQ(one.top[i].report.iteration_ns, two.top[i].report.iteration_ns);
+    EXPECT_EQ(one.top[i].customized_coc, two.top[i].customized_coc);
+  }
+  EXPECT_EQ(one.pruned, two.pruned);
+}
+
+// The heuristic never returns an invalid or out-of-memory candidate, and is never better than
+// the exhaustive best.
+TEST(Plan, HeuristicReturnsOnlyValidLayoutsThatFit) {
+  for (const auto& [nodes, gbs, memory_gb] : std::vector<std::tuple<int, std::int64_t, double>>{
+           {1, 16, 64}, {2, 32, 64}, {1, 8, 8}, {4, 64, 16}}) {
+    PlanRequest r = small_request();
+    r.nodes = nodes;
+    r.global_batch = gbs;
+    auto prof = load_named_profile("ascend-910b");
+    prof.memory_capacity = memory_gb * 1e9;
+    r.profile = std::make_shared<const DeviceProfile>(prof);
+    const PlanResult res = plan(r);
+    ASSERT_TRUE(res.heuristic) << nodes << " nodes";
+    EXPECT_EQ(prune_reason(r, res.heuristic->layout), "") << res.heuristic->describe();
+    EXPECT_FALSE(res.heuristic->report.memory.oom);
+    EXPECT_GE(res.heuristic->report.iteration_ns, res.top.front().report.iteration_ns);
+    EXPECT_LT(res.heuristic_evaluated, res.evaluated) << "the heuristic should evaluate fewer";
+  }
+}
+
+// dynamic_programming: a heavy LM head (large vocabulary) makes the last stage slow; the
+// balanced partition gives it fewer layers and is no slower than the even split.
+TEST(Plan, DynamicProgrammingBalancesTheStages) {
+  PlanRequest r = small_request();
+  r.model.vocab = 256000;
+  r.model.num_layers = 10;
+  r.compare_heuristic = false;
+  r.top_k = 1000;
+  const PlanResult even = plan(r);
+  r.mode = SearchMode::dynamic_programming;
+  const PlanResult dp = plan(r);
+  EXPECT_LE(dp.top.front().report.iteration_ns, even.top.front().report.iteration_ns);
+  bool uneven = false;
+  for (const auto& c : dp.top)
+    if (!c.layout.stage_layers.empty()) {
+      uneven = true;
+      std::int64_t sum = 0;
+      for (const auto n : c.layout.stage_layers) {
+        EXPECT_GE(n, 1);
+        sum += n;
+      }
+      EXPECT_EQ(sum, r.model.num_layers);
+      EXPECT_LE(c.layout.stage_layers.back(), c.layout.stage_layers[1]) << c.describe();
+    }
+  EXPECT_TRUE(uneven) << "some candidate should take an uneven partition";
+}
+
+TEST(Plan, BadInputIsAClearError) {
+  PlanRequest r = small_request();
+  r.global_batch = 7;  // no mbs·dp divides it but dp 1, which does not fit 8 devices' layouts?
+  r.micro_batch_sizes = {2};
+  try {
+    (void)plan(r);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("was pruned"), std::string::npos) << m;
+    EXPECT_NE(m.find("global batch not divisible by mbs·dp"), std::string::npos) << m;
+  }
+  r = small_request();
+  auto prof = load_named_profile("ascend-910b");
+  prof.memory_capacity = 1e8;  // 100 MB: nothing fits
+  r.profile = std::make_shared<const DeviceProfile>(prof);
+  try {
+    (void)plan(r);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  r = small_request();
+  r.global_batch = 0;
+  EXPECT_THROW((void)plan(r), Error);
+  EXPECT_THROW((void)parse_search_mode("greedy"), Error);
+}
+
+std::string run(const std::string& args, int* status) {
+  const std::string cmd = std::string(COCEMU_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p))
+    out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+// R-PL-2: table, explanation, JSON, and a winner that `cocemu train --config` reproduces.
+TEST(PlanCli, WinnerReproducesInTrain) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_plan_cli";
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  const std::string out =
+      run("plan --model llama2-7b --nodes 2 --global-batch 64 --seq 4096 "
+          "--out-dir " +
+              dir + " --json " + dir + "/plan.json",
+          &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("no numerics"), std::string::npos) << out;
+  EXPECT_NE(out.find("faster per iteration than the runner-up"), std::string::npos) << out;
+  EXPECT_NE(out.find("recursive_programming heuristic"), std::string::npos) << out;
+  std::ifstream in(dir + "/plan.json");
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_TRUE(j.contains("candidates") && j.contains("pruned") && j.contains("best"));
+  EXPECT_FALSE(j["candidates"].empty());
+  const double planned = j["best"]["iteration_ns"].get<double>();
+  const std::string train =
+      run("train --config " + dir + "/plan.winner.yaml --dry-run --engine model --out-dir " + dir +
+              "/train --json " + dir + "/train.json",
+          &status);
+  ASSERT_EQ(status, 0) << train;
+  std::ifstream tin(dir + "/train.json");
+  const auto t = nlohmann::json::parse(tin);
+  EXPECT_EQ(t["layout"].get<std::string>(), j["best"]["layout"].get<std::string>());
+  // train composes emulated parts, plan priced ones: they agree within the part model's error.
+  EXPECT_NEAR(t["iteration_ns"].get<double>() / planned, 1.0, 0.10) << train;
+  // Bad input from the command line: one line naming the value.
+  const std::string bad = run("plan --model no-such-model --global-batch 8", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad.find("no-such-model"), std::string::npos) << bad;
+  const std::string zero = run("plan --model llama2-7b --global-batch 0", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(zero.find("--global-batch"), std::string::npos) << zero;
+}
+
+}  // namespace
+}  // namespace cocemu::bench

@@ -33,6 +33,10 @@ StepParts emulate_parts(const TrainSetup& setup) {
   l.stage_layers.clear();
   l.global_batch_size = l.micro_batch_size;
   l.distributed_optimizer = false;
+  // The probe measures the parts, not the gradient reduction (priced below): with cp > 1 its
+  // gradients would be reduced over the cp group during the layer's backward and slow it.
+  l.overlap_grad_reduce = false;
+  l.overlap_param_gather = false;
   o.model.num_layers = 1;
   o.iterations = 1;
   o.record_pieces = true;
@@ -322,7 +326,8 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, Collect
     for (const auto& [t, n] : params) {
       bucket += n;
       held += 1;
-      ready = t;
+      // Without --overlap-grad-reduce every reduction waits for the end of the backward.
+      ready = l.overlap_grad_reduce ? t : free_at[std::size_t(s)];
       if ((l.bucket_params > 0 && held >= l.bucket_params) ||
           (l.bucket_params == 0 && bucket >= cap))
         launch();
@@ -331,6 +336,19 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, Collect
     const double last = compute_end;
     stage_end[std::size_t(s)] = std::max(last, dp_free);
     exposed_dp[std::size_t(s)] = std::max(0.0, dp_free - last);
+    if (l.overlap_param_gather && gather_ns > 0) {
+      // --overlap-param-gather: the all-gathers run beside the next iteration's first forward
+      // pass on this stage (all its chunks of micro-batch 0), both slowed while they overlap;
+      // what the iteration pays is how much later that forward ends.
+      double forward = 0;
+      for (int c = 0; c < vpp; ++c)
+        forward += duration(s, {true, 0, c});
+      double compute_after = forward;
+      const double gathered = contended(0, gather_ns, compute_after, prof.contention);
+      exposed_dp[std::size_t(s)] -= gather_ns;
+      gather_ns = std::max(gathered, compute_after) - forward;
+      exposed_dp[std::size_t(s)] += gather_ns;
+    }
     const double adam_bytes = owned * (7 * grad_bytes_each + double(size_of(l.dtype)));
     const double all_params = stage_parameters(o.model, l, s);
     optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(all_params * grad_bytes_each)) +

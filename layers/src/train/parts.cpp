@@ -176,14 +176,16 @@ Tensor VocabLoss::backward(const std::shared_ptr<Saved>& s, double scale, const 
 // ParamBuffers
 
 ParamBuffers::ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp,
-                           int dp_rank, bool sharded, int bucket_params, double bucket_mb)
+                           int dp_rank, bool sharded, int bucket_params, double bucket_mb,
+                           bool overlap)
     : rank_(rank),
       slots_(std::move(slots)),
       dtype_(dtype),
       grad_dtype_(layers::detail::grad_dtype(dtype)),
       dp_(dp),
       dp_rank_(dp_rank),
-      sharded_(sharded) {
+      sharded_(sharded),
+      overlap_(overlap) {
   // Buckets in slot order (the order the backward finalizes gradients), each closed when it
   // holds `bucket_params` parameters or `bucket_mb` of gradients; padded to a multiple of dp
   // when the optimizer is sharded (Megatron pads its buckets the same way).
@@ -262,6 +264,15 @@ void ParamBuffers::grad_ready(int i, Group& dp) {
                    rank_.id(), slots_[std::size_t(i)].name);
   if (--b.pending > 0 || dp_ == 1) return;  // dp 1: nothing to reduce
   const int index = int(&b - buckets_.data());
+  if (!overlap_) {
+    deferred_.push_back({index, &dp});
+    return;
+  }
+  launch_reduction(index, dp);
+}
+
+void ParamBuffers::launch_reduction(int index, Group& dp) {
+  const Bucket& b = buckets_[std::size_t(index)];
   const Tensor bucket = grads_.flat(b.offset, b.offset + b.numel);
   const std::string label = fmt::format("grad bucket {}", index);
   if (sharded_)
@@ -278,6 +289,9 @@ void ParamBuffers::finish_reductions() {
                      "ParamBuffers on rank {}: optimizer step with {} gradients of parameters "
                      "[{}, {}) not finalized",
                      rank_.id(), b.pending, b.first_param, b.end_param);
+  for (const auto& [index, dp] : deferred_)
+    launch_reduction(index, *dp);
+  deferred_.clear();
   for (const auto& w : reductions_)
     w.wait();
   reductions_.clear();

@@ -77,7 +77,6 @@ struct Bucket {
   int pending = 0;  ///< parameters whose gradients are not final yet (this iteration)
 };
 
-
 /// Megatron's DDP grad buffer and (distributed) optimizer for one rank's parameters: parameters
 /// (model dtype) and gradients (f32; f64 for f64 models) in contiguous buffers, in the order the
 /// backward finalizes them, cut into buckets; Adam on f32 (f64) master weights — all of them, or
@@ -85,17 +84,21 @@ struct Bucket {
 /// parameters.
 class ParamBuffers {
  public:
+  /// `overlap` (Megatron's --overlap-grad-reduce): a bucket's reduction launches as soon as its
+  /// last gradient is final; else all of them launch after the backward (Megatron's default).
   ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp, int dp_rank,
-               bool sharded, int bucket_params, double bucket_mb);
+               bool sharded, int bucket_params, double bucket_mb, bool overlap = true);
   Tensor param(int i) const;
   Tensor grad(int i) const;
   const std::vector<ParamSlot>& slots() const { return slots_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   /// Start of an iteration: gradients to zero, every bucket pending.
   void zero_grad();
-  /// Parameter i's gradient is final: launches its bucket's reduction when it was the last one.
+  /// Parameter i's gradient is final: launches its bucket's reduction when it was the last one
+  /// (without overlap: marks it for finish_reductions).
   void grad_ready(int i, Group& dp);
-  /// After the backward: the current stream waits for every bucket's reduction.
+  /// After the backward: launches the deferred reductions (no overlap), then the current stream
+  /// waits for every bucket's reduction.
   void finish_reductions();
   /// The gradients this rank updates (all of them, or its shards), reduced over DP.
   Tensor owned_grads() const { return sharded_ ? grad_shard_ : grads_; }
@@ -118,6 +121,9 @@ class ParamBuffers {
   DType dtype_, grad_dtype_;
   int dp_, dp_rank_;
   bool sharded_;
+  bool overlap_;
+  std::vector<std::pair<int, Group*>> deferred_;  ///< buckets ready, launched after the backward
+  void launch_reduction(int bucket, Group& dp);
   Tensor params_, grads_;
   Tensor master_, exp_avg_, exp_avg_sq_;  ///< [total] or, sharded, Σ bucket shards
   Tensor grad_shard_, param_shard_;       ///< sharded: this rank's slices, reduced / updated

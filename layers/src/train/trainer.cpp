@@ -353,7 +353,7 @@ class StageRunner {
     }
     buffers_ = std::make_unique<detail::ParamBuffers>(
         rank_, std::move(slots), l_.dtype, dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
-        l_.bucket_params, l_.bucket_mb);
+        l_.bucket_params, l_.bucket_mb, l_.overlap_grad_reduce);
     for (int i = 0; i < int(binds.size()); ++i) {
       binds[std::size_t(i)][0](buffers_->param(i), buffers_->grad(i));
       for (int c = 1; c < copies(); ++c) {
@@ -588,6 +588,10 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
                                   .seq = o.model.seq,
                                   .head_dim = o.model.hidden / o.model.heads,
                                   .dtype = l.dtype});
+  COCEMU_CHECK_ARG(!l.overlap_param_gather,
+                   "overlap_param_gather: the emulated step gathers the parameters after the "
+                   "optimizer step; overlapping them with the next forward is priced by the step "
+                   "model only (cocemu train --engine model)");
   COCEMU_CHECK_ARG(l.micro_batch_interleave == 1 || l.cp == 1,
                    "micro_batch_interleave_num {} with context parallel {} is not supported",
                    l.micro_batch_interleave, l.cp);

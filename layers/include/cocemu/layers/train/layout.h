@@ -54,6 +54,12 @@ struct TrainLayout {
   std::string cp_algo = "megatron_cp_algo";
   int cp_window_size = 1, ulysses_degree_in_cp = 0;
   bool use_cp_send_recv_overlap = false;
+  /// Megatron's --overlap-grad-reduce (a bucket's DP reduction starts as soon as its last
+  /// gradient is final; off: all reductions after the backward) and --overlap-param-gather (the
+  /// distributed optimizer's parameter all-gather overlaps the next iteration's forward; priced
+  /// by the step model only).
+  bool overlap_grad_reduce = true;
+  bool overlap_param_gather = false;
   Strategy coc = Strategy::serial;  ///< CoC strategy of the TP linears
   int coc_parallel_num = 1;         ///< script strategy: chunks
 

@@ -27,7 +27,7 @@ void run(const PlanOpts& o) {
                    "a path)");
   check_output_dir("--out-dir", o.out_dir);
   if (!o.json.empty()) check_output_file("--json", o.json);
-  bench::PlanRequest r;
+  bench::PlanQuery r;
   const auto mc = layers::load_model_config(o.model);
   COCEMU_CHECK_ARG(mc.vocab_size > 0,
                    "model config {} has no vocab_size; planning a training step needs it",

@@ -15,9 +15,13 @@ void add_validate(CLI::App& app) {
       "validate",
       "compare the cost model with published measurements (reference | modeled | delta %)");
   sub->add_option("--references", *file, "references YAML (default: configs/validation.yaml)");
+  auto with_plan = std::make_shared<bool>(false);
+  sub->add_flag("--plan", *with_plan,
+                "also run `cocemu plan` on each published training run's cluster and batch and "
+                "report whether its best is the published layout");
   auto json = std::make_shared<std::string>();
   sub->add_option("--json", *json, "also write references[], mean_abs_delta, max_abs_delta here");
-  sub->callback([file, json] {
+  sub->callback([file, json, with_plan] {
     if (!json->empty()) check_output_file("--json", *json);
     bench::Validation v;
     if (file->empty()) {
@@ -29,7 +33,9 @@ void add_validate(CLI::App& app) {
       ss << f.rdbuf();
       v = bench::validate(ss.str(), *file);
     }
+    if (*with_plan) bench::plan_training(v);
     std::fputs(bench::format_validation(v).c_str(), stdout);
+    if (*with_plan) std::fputs(bench::format_plan_check(v).c_str(), stdout);
     if (!json->empty()) write_file("--json", *json, bench::validation_json(v));
   });
 }

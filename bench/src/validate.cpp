@@ -10,7 +10,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "cocemu/bench/plan/plan.h"
+#include "cocemu/bench/train/step_model.h"
 #include "cocemu/collectives/plan.h"
+#include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/error.h"
@@ -51,6 +54,92 @@ double modeled_collective(const DeviceProfile& p, const std::string& op_name, in
   const double algbw = double(bytes) / ns;  // bytes per ns = GB/s
   if (!busbw) return algbw;
   return algbw * (op == CollOp::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n);
+}
+
+/// A published training run (kind: training): the model, the layout as published (and the
+/// settings the source leaves open, marked `assumption` in the file), modeled by `cocemu train`'s
+/// step model. Returns the setup; `r` gets the modeled model-TFLOP/s per device and the published
+/// figure converted to model FLOPs.
+std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Reference& r,
+                                                   const DeviceProfile& profile) {
+  auto setup = std::make_shared<TrainSetup>();
+  setup->profile = std::make_shared<const DeviceProfile>(profile);
+  setup->dry_run = true;
+  auto& o = setup->options;
+  auto& m = o.model;
+  auto& l = o.layout;
+  {
+    auto mm = e.map("model");
+    m.name = r.name;
+    m.hidden = mm.integer("hidden", 1, 1 << 20);
+    m.heads = mm.integer("heads", 1, 1 << 16);
+    m.kv_heads = mm.has("kv_heads") ? mm.integer("kv_heads", 1, 1 << 16) : 0;
+    m.ffn = mm.has("ffn") ? mm.integer("ffn", 1, 1 << 22) : 4 * m.hidden;
+    m.num_layers = mm.integer("layers", 1, 1 << 12);
+    m.vocab = mm.integer("vocab", 1, 1 << 24);
+    m.seq = mm.integer("seq", 1, 1 << 24);
+    m.swiglu = mm.boolean_or("swiglu", false);
+    mm.finish();
+  }
+  const int gpus = int(e.integer("gpus", 1, 1 << 20));
+  {
+    auto ll = e.map("layout");
+    l.tp = int(ll.integer("tp", 1, 1024));
+    l.pp = int(ll.integer("pp", 1, 1024));
+    l.cp = int(ll.has("cp") ? ll.integer("cp", 1, 1024) : 1);
+    l.vpp = int(ll.has("vpp") ? ll.integer("vpp", 1, 64) : 1);
+    l.schedule = l.vpp > 1 ? layers::train::PipelineSchedule::interleaved
+                           : layers::train::PipelineSchedule::one_f_one_b;
+    l.micro_batch_size = ll.integer("micro_batch_size", 1, 1 << 16);
+    l.global_batch_size = ll.integer("global_batch_size", 1, std::int64_t(1) << 30);
+    const std::string rc = ll.string("recompute");
+    l.recompute = rc == "full"        ? layers::train::Recompute::full
+                  : rc == "selective" ? layers::train::Recompute::selective
+                                      : layers::train::Recompute::none;
+    COCEMU_CHECK(rc == "full" || rc == "selective" || rc == "none", Errc::parse_error,
+                 "{}: recompute '{}'; allowed none, selective, full", ll.where(), rc);
+    l.sequence_parallel = ll.boolean("sequence_parallel") && l.tp > 1;
+    l.distributed_optimizer = ll.boolean("distributed_optimizer");
+    l.overlap_grad_reduce = ll.boolean("overlap_grad_reduce");
+    l.overlap_param_gather = ll.boolean_or("overlap_param_gather", false);
+    const std::string coc = ll.string_or("coc", "serial");
+    COCEMU_CHECK(coc == "serial" || coc == "fused", Errc::parse_error,
+                 "{}: coc '{}'; allowed serial, fused", ll.where(), coc);
+    layers::CocConfig cc;
+    cc.tile_rows = 32;
+    o.linear = layers::options_for(
+        cc, coc == "fused" ? layers::Strategy::fused : layers::Strategy::serial, 1);
+    setup->coc_name = coc;
+    ll.finish();
+  }
+  const int per_node = profile.topology.devices_per_node;
+  COCEMU_CHECK(gpus % per_node == 0 && gpus % (l.tp * l.pp * l.cp) == 0, Errc::parse_error,
+               "{}: {} GPUs must fill whole nodes of {} and be divisible by tp·pp·cp = {}",
+               e.where(), gpus, per_node, l.tp * l.pp * l.cp);
+  l.dp = gpus / (l.tp * l.pp * l.cp);
+  setup->nodes = gpus / per_node;
+  r.nodes = setup->nodes;
+  (void)layers::train::check_layout(m, l, gpus);
+  // What the source's figure counts: model FLOPs (no recompute), or Narayanan et al.'s hardware
+  // FLOPs with full recompute, 96·B·s·l·h²·(1 + s/6h + V/16lh), converted to model FLOPs
+  // 72·B·s·l·h²·(1 + s/6h + V/12lh) — the formula model_flops_per_iteration uses.
+  const std::string flops = e.string("flops");
+  COCEMU_CHECK(flops == "model" || flops == "hardware_full_recompute", Errc::parse_error,
+               "{}: flops '{}'; allowed model, hardware_full_recompute", e.where(), flops);
+  r.published_as_stated = r.published;
+  if (flops == "hardware_full_recompute") {
+    const double s = double(m.seq), h = double(m.hidden), L = double(m.num_layers),
+                 V = double(m.vocab);
+    const double factor =
+        72 * (1 + s / (6 * h) + V / (12 * L * h)) / (96 * (1 + s / (6 * h) + V / (16 * L * h)));
+    r.published *= factor;
+    r.conversion = fmt::format("hardware FLOPs with full recompute x {:.3f} = model FLOPs", factor);
+  } else {
+    r.conversion = "model FLOPs as published";
+  }
+  r.unit = "model TFLOP/s per device";
+  r.modeled = model_step(*setup).tflops_per_device;
+  return setup;
 }
 
 }  // namespace
@@ -121,10 +210,12 @@ Validation validate(const std::string& text, const std::string& origin) {
       r.unit = "GB/s";
       r.modeled =
           double(bytes) / memory_ns(p, std::uint64_t(2 * bytes)) * (counted == "moved" ? 2.0 : 1.0);
+    } else if (r.kind == "training") {
+      r.training = modeled_training(e, r, p);
     } else {
       COCEMU_FAIL(Errc::parse_error,
-                  "{}: kind '{}' unknown; allowed collective, gemm, attention, memory", e.where(),
-                  r.kind);
+                  "{}: kind '{}' unknown; allowed collective, gemm, attention, memory, training",
+                  e.where(), r.kind);
     }
     e.finish();
     r.delta_pct = 100.0 * (r.modeled - r.published) / r.published;
@@ -169,6 +260,24 @@ std::string format_validation(const Validation& v) {
       "\nmean |delta| {:.1f}%   max |delta| {:.1f}%   ({} references; [fitted] rows set the "
       "named parameters, the others only test the model: mean |delta| over those {:.1f}%)\n",
       v.mean_abs_delta_pct, v.max_abs_delta_pct, v.rows.size(), v.mean_abs_delta_tests_pct);
+  double train_sum = 0, train_max = 0;
+  int train_rows = 0;
+  for (const Reference& r : v.rows)
+    if (r.training) {
+      train_sum += std::fabs(r.delta_pct);
+      train_max = std::max(train_max, std::fabs(r.delta_pct));
+      ++train_rows;
+    }
+  if (train_rows > 0) {
+    out += fmt::format(
+        "training runs: {} references, mean |delta| {:.1f}%, max |delta| {:.1f}% (model TFLOP/s "
+        "per device; published figures converted as noted)\n",
+        train_rows, train_sum / train_rows, train_max);
+    for (std::size_t i = 0; i < v.rows.size(); ++i)
+      if (v.rows[i].training && v.rows[i].published_as_stated != v.rows[i].published)
+        out += fmt::format("  [{}] published {:.1f}: {}\n", i + 1, v.rows[i].published_as_stated,
+                           v.rows[i].conversion);
+  }
   out += "\nsources:\n";
   for (std::size_t i = 0; i < v.rows.size(); ++i)
     out += fmt::format("[{}] {}\n", i + 1, v.rows[i].source);
@@ -187,12 +296,66 @@ std::string validation_json(const Validation& v) {
                     {"published", r.published},
                     {"modeled", r.modeled},
                     {"delta", r.delta_pct / 100.0},
-                    {"fitted", r.fitted}});
+                    {"fitted", r.fitted},
+                    {"published_as_stated", r.published_as_stated},
+                    {"conversion", r.conversion},
+                    {"plan_best", r.plan_best},
+                    {"plan_matches", r.plan_matches},
+                    {"plan_gain", r.plan_gain_pct / 100.0}});
   const nlohmann::json j{{"references", refs},
                          {"mean_abs_delta", v.mean_abs_delta_pct / 100.0},
                          {"max_abs_delta", v.max_abs_delta_pct / 100.0},
                          {"mean_abs_delta_of_tests", v.mean_abs_delta_tests_pct / 100.0}};
   return j.dump(2) + "\n";
+}
+
+void plan_training(Validation& v, int threads) {
+  for (Reference& r : v.rows) {
+    if (!r.training) continue;
+    const TrainSetup& t = *r.training;
+    PlanQuery q;
+    q.model = t.options.model;
+    q.model_name = r.name;
+    q.profile = t.profile;
+    q.profile_name = r.device;
+    q.nodes = t.nodes;
+    q.global_batch = t.options.layout.global_batch_size;
+    q.threads = threads;
+    q.top_k = 1;
+    q.compare_heuristic = false;
+    const PlanResult res = plan(q);
+    const PlanCandidate& best = res.top.front();
+    // The published layout, priced the way plan prices its candidates.
+    layers::train::TrainLayout published = t.options.layout;
+    const std::string why = prune_reason(q, published);
+    const auto& b = best.layout;
+    r.plan_best = best.describe();
+    r.plan_matches = b.tp == published.tp && b.pp == published.pp && b.dp == published.dp &&
+                     b.cp == published.cp && b.vpp == published.vpp &&
+                     b.micro_batch_size == published.micro_batch_size &&
+                     b.recompute == published.recompute;
+    if (why.empty()) {
+      const double mine = double(evaluate_candidate(q, published).report.iteration_ns);
+      r.plan_gain_pct = 100.0 * (mine / double(best.report.iteration_ns) - 1);
+    } else {
+      r.plan_best += " (the published layout is pruned here: " + why + ")";
+      r.plan_gain_pct = NAN;
+    }
+  }
+}
+
+std::string format_plan_check(const Validation& v) {
+  std::string out = fmt::format("\n{:<3} {:<44} {:<64} {}\n", "#", "published run",
+                                "plan's best on the same cluster and batch", "faster by");
+  for (std::size_t i = 0; i < v.rows.size(); ++i) {
+    const Reference& r = v.rows[i];
+    if (!r.training) continue;
+    out += fmt::format("{:<3} {:<44} {:<64} {}\n", i + 1, r.name, r.plan_best,
+                       r.plan_matches                ? "— the published layout"
+                       : std::isnan(r.plan_gain_pct) ? "—"
+                                                     : fmt::format("{:.1f}%", r.plan_gain_pct));
+  }
+  return out;
 }
 
 }  // namespace cocemu::bench

@@ -32,8 +32,8 @@ layers::train::DecoderShape small_model() {
   return m;
 }
 
-PlanRequest small_request() {
-  PlanRequest r;
+PlanQuery small_request() {
+  PlanQuery r;
   r.model = small_model();
   r.model_name = "small";
   r.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
@@ -51,7 +51,7 @@ PlanRequest small_request() {
 // R-PL-1: the space enumerated here, independently of plan's own loops; every valid candidate
 // evaluated; the minimum must be plan's best.
 TEST(Plan, ExhaustiveFindsTheTrueOptimum) {
-  const PlanRequest r = small_request();
+  const PlanQuery r = small_request();
   std::vector<TrainLayout> space;
   for (int tp : {1, 2, 4, 8})
     for (int cp : {1, 2})
@@ -107,7 +107,7 @@ TEST(Plan, ExhaustiveFindsTheTrueOptimum) {
 // The same answer on one thread and on two (the memo is shared; results do not depend on which
 // thread priced what first).
 TEST(Plan, SameResultOnOneAndTwoThreads) {
-  PlanRequest r = small_request();
+  PlanQuery r = small_request();
   r.threads = 1;
   const PlanResult one = plan(r);
   r.threads = 2;
@@ -126,7 +126,7 @@ TEST(Plan, SameResultOnOneAndTwoThreads) {
 TEST(Plan, HeuristicReturnsOnlyValidLayoutsThatFit) {
   for (const auto& [nodes, gbs, memory_gb] : std::vector<std::tuple<int, std::int64_t, double>>{
            {1, 16, 64}, {2, 32, 64}, {1, 8, 8}, {4, 64, 16}}) {
-    PlanRequest r = small_request();
+    PlanQuery r = small_request();
     r.nodes = nodes;
     r.global_batch = gbs;
     auto prof = load_named_profile("ascend-910b");
@@ -144,7 +144,7 @@ TEST(Plan, HeuristicReturnsOnlyValidLayoutsThatFit) {
 // dynamic_programming: a heavy LM head (large vocabulary) makes the last stage slow; the
 // balanced partition gives it fewer layers and is no slower than the even split.
 TEST(Plan, DynamicProgrammingBalancesTheStages) {
-  PlanRequest r = small_request();
+  PlanQuery r = small_request();
   r.model.vocab = 256000;
   r.model.num_layers = 10;
   r.compare_heuristic = false;
@@ -169,7 +169,7 @@ TEST(Plan, DynamicProgrammingBalancesTheStages) {
 }
 
 TEST(Plan, BadInputIsAClearError) {
-  PlanRequest r = small_request();
+  PlanQuery r = small_request();
   r.global_batch = 7;  // no mbs·dp divides it but dp 1, which does not fit 8 devices' layouts?
   r.micro_batch_sizes = {2};
   try {

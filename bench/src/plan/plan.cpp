@@ -70,7 +70,7 @@ struct PartsEntry {
 
 class Evaluator {
  public:
-  explicit Evaluator(const PlanRequest& r) : r_(r), collectives_(r.profile) {}
+  explicit Evaluator(const PlanQuery& r) : r_(r), collectives_(r.profile) {}
 
   TrainSetup setup_for(const TrainLayout& l) const {
     TrainSetup s;
@@ -116,12 +116,12 @@ class Evaluator {
 
  private:
   using Map = tbb::concurrent_hash_map<std::string, std::shared_ptr<const PartsEntry>>;
-  const PlanRequest& r_;
+  const PlanQuery& r_;
   Map parts_;
   CollectiveMemo collectives_;
 };
 
-int world_of(const PlanRequest& r) {
+int world_of(const PlanQuery& r) {
   return r.nodes * r.profile->topology.devices_per_node;
 }
 
@@ -132,7 +132,7 @@ std::vector<int> powers_of_two_up_to(int n) {
   return v;
 }
 
-void check_request(const PlanRequest& r) {
+void check_request(const PlanQuery& r) {
   COCEMU_CHECK_ARG(r.profile, "plan: no device profile");
   COCEMU_CHECK_ARG(r.nodes >= 1 && r.nodes <= 4096, "plan: --nodes {}; allowed 1..4096", r.nodes);
   COCEMU_CHECK_ARG(r.global_batch >= 1, "plan: --global-batch {}; must be >= 1", r.global_batch);
@@ -149,7 +149,7 @@ void check_request(const PlanRequest& r) {
 
 }  // namespace
 
-std::vector<TrainLayout> enumerate_layouts(const PlanRequest& r) {
+std::vector<TrainLayout> enumerate_layouts(const PlanQuery& r) {
   check_request(r);
   const int world = world_of(r), per_node = r.profile->topology.devices_per_node;
   const auto& m = r.model;
@@ -198,7 +198,7 @@ std::vector<TrainLayout> enumerate_layouts(const PlanRequest& r) {
   return out;
 }
 
-std::string prune_reason(const PlanRequest& r, const TrainLayout& l) {
+std::string prune_reason(const PlanQuery& r, const TrainLayout& l) {
   const auto& m = r.model;
   if (m.heads % l.tp || m.kv() % l.tp || m.ffn % l.tp)
     return "tp does not divide the heads, KV heads or ffn";
@@ -226,7 +226,7 @@ std::string prune_reason(const PlanRequest& r, const TrainLayout& l) {
   return "";
 }
 
-PlanCandidate evaluate_candidate(const PlanRequest& r, const TrainLayout& l) {
+PlanCandidate evaluate_candidate(const PlanQuery& r, const TrainLayout& l) {
   Evaluator ev(r);
   return ev.evaluate(l);
 }
@@ -277,7 +277,7 @@ bool better(const PlanCandidate& a, const PlanCandidate& b) {
 
 /// MindSpore's recursive_programming in spirit: from a start layout, move one dimension at a time
 /// to the best valid neighbour until none improves.
-std::optional<PlanCandidate> heuristic_search(const PlanRequest& r, Evaluator& ev,
+std::optional<PlanCandidate> heuristic_search(const PlanQuery& r, Evaluator& ev,
                                               std::int64_t& evaluations) {
   const int world = world_of(r), per_node = r.profile->topology.devices_per_node;
   auto valid = [&](const TrainLayout& l) {
@@ -421,7 +421,7 @@ std::string explain(const PlanCandidate& a, const PlanCandidate& b) {
 
 }  // namespace
 
-PlanResult plan(const PlanRequest& request) {
+PlanResult plan(const PlanQuery& request) {
   check_request(request);
   const auto t0 = std::chrono::steady_clock::now();
   PlanResult res;
@@ -571,7 +571,7 @@ double exposed(const TrainReport& r, const char* k) {
 }  // namespace
 
 std::string format_plan(const PlanResult& r) {
-  const PlanRequest& q = r.request;
+  const PlanQuery& q = r.request;
   std::string s = fmt::format(
       "cocemu plan — {} on {} × {} {} ({} devices), global batch {}, seq {}, {}\n"
       "[ modeled: candidates are priced by the step model from the cost model — no numerics, no "

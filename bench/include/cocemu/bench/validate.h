@@ -1,20 +1,34 @@
 #pragma once
 /// `cocemu validate`: the cost model against published measurements (configs/validation.yaml):
 /// collective bandwidth by size, card count and nodes, GEMM throughput by shape, flash-attention
-/// throughput and memory bandwidth, each modeled on its device profile and compared as
-/// `published | modeled | delta %`, with the parameters each reference was fitted on.
+/// throughput, memory bandwidth and model TFLOP/s per device of published training runs, each
+/// modeled on its device profile and compared as `published | modeled | delta %`, with the
+/// parameters each reference was fitted on.
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "cocemu/bench/train/train_report.h"
 
 namespace cocemu::bench {
 
 struct Reference {
   std::string name, kind, device, source, unit;
   int nodes = 1;
-  double published = 0;              ///< the published figure (GB/s or TFLOPS)
-  double modeled = 0;                ///< the cost model's figure for the same thing
-  double delta_pct = 0;              ///< 100 · (modeled − published) / published
-  std::vector<std::string> fitted;   ///< profile parameters fitted on this reference
+  double published = 0;             ///< the published figure (GB/s or TFLOPS)
+  double modeled = 0;               ///< the cost model's figure for the same thing
+  double delta_pct = 0;             ///< 100 · (modeled − published) / published
+  std::vector<std::string> fitted;  ///< profile parameters fitted on this reference
+  /// kind: training — the run as `cocemu train` sets it up, the figure as the source states it
+  /// (before conversion to model FLOPs) and how it was converted.
+  std::shared_ptr<const TrainSetup> training;
+  double published_as_stated = 0;
+  std::string conversion;
+  /// `cocemu plan` on the same cluster and batch (plan_training): its best, whether it is the
+  /// published layout, and how much faster it models (both priced by the plan's evaluator).
+  std::string plan_best;
+  bool plan_matches = false;
+  double plan_gain_pct = 0;
 };
 
 struct Validation {
@@ -29,6 +43,11 @@ Validation validate(const std::string& yaml_text, const std::string& origin);
 /// configs/validation.yaml.
 Validation validate_shipped();
 std::string format_validation(const Validation& v);
+/// Runs `cocemu plan` for every `training` reference on its cluster and global batch (`threads`
+/// as plan's --threads) and fills plan_best, plan_matches and plan_gain_pct.
+void plan_training(Validation& v, int threads = 0);
+/// The training rows against plan's best, as a table.
+std::string format_plan_check(const Validation& v);
 /// `references[]` (name, kind, device, nodes, source, published, modeled, delta, fitted),
 /// `mean_abs_delta` and `max_abs_delta`, as JSON text.
 std::string validation_json(const Validation& v);

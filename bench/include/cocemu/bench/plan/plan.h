@@ -33,7 +33,7 @@ enum class SearchMode { exhaustive, dynamic_programming, recursive_programming }
 const char* to_string(SearchMode m);
 SearchMode parse_search_mode(const std::string& name);
 
-struct PlanRequest {
+struct PlanQuery {
   layers::train::DecoderShape model;  ///< seq is the training sequence length
   std::string model_name;             ///< as given (configs/models/NAME or a path)
   std::shared_ptr<const DeviceProfile> profile;
@@ -61,7 +61,7 @@ struct PlanCandidate {
 };
 
 struct PlanResult {
-  PlanRequest request;
+  PlanQuery request;
   int world = 0;
   std::int64_t enumerated = 0, evaluated = 0;
   std::map<std::string, std::int64_t> pruned;  ///< reason -> candidates
@@ -79,13 +79,13 @@ struct PlanResult {
 /// The search. Throws Errc::invalid_argument for a request that cannot be searched (a global
 /// batch not divisible as required, a cluster too small, every candidate pruned — naming the
 /// constraints that pruned them).
-PlanResult plan(const PlanRequest& request);
+PlanResult plan(const PlanQuery& request);
 
 /// The space as plan enumerates it, before pruning (for tests that enumerate independently).
-std::vector<layers::train::TrainLayout> enumerate_layouts(const PlanRequest& request);
+std::vector<layers::train::TrainLayout> enumerate_layouts(const PlanQuery& request);
 /// Why plan prunes a layout ("" = it is evaluated), and its evaluation.
-std::string prune_reason(const PlanRequest& request, const layers::train::TrainLayout& layout);
-PlanCandidate evaluate_candidate(const PlanRequest& request,
+std::string prune_reason(const PlanQuery& request, const layers::train::TrainLayout& layout);
+PlanCandidate evaluate_candidate(const PlanQuery& request,
                                  const layers::train::TrainLayout& layout);
 
 std::string format_plan(const PlanResult& result);

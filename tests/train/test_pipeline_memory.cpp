@@ -7,6 +7,7 @@
 
 #include "cocemu/bench/train/train_report.h"
 #include "cocemu/layers/train/pipeline.h"
+#include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/error.h"
 
 namespace cocemu::layers::train {
@@ -92,6 +93,41 @@ double sum(const std::vector<bench::MemoryTerm>& v) {
 
 // R-TR-7: Megatron's GPT layer, counted tensor by tensor, gives Korthikanti et al. (2022)'s
 // closed forms (Table 2: bytes per layer per micro-batch, 16-bit activations).
+// Megatron's --overlap-grad-reduce: with it, a bucket's reduction starts inside the backward;
+// without it (Megatron's default), every reduction starts after the last backward op.
+TEST(Pipeline, GradientReductionsOverlapTheBackwardOnlyWhenAsked) {
+  for (const bool overlap : {true, false}) {
+    layers::train::TrainOptions o;
+    o.layout.tp = 2;
+    o.layout.dp = 4;
+    o.layout.micro_batch_size = 2;
+    o.layout.global_batch_size = 16;
+    o.layout.bucket_params = 2;
+    o.layout.overlap_grad_reduce = overlap;
+    o.iterations = 1;
+    WorldOptions w;
+    w.numerics = false;
+    const auto r = layers::train::train(o, w);
+    const auto& ops = r.run.graph.ranks[0].ops;
+    const auto& lanes = r.run.graph.ranks[0].lane_names;
+    const auto& t = r.run.timeline.rank(0);
+    std::int64_t first_reduction = INT64_MAX, last_backward = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const std::string& lane = lanes[std::size_t(ops[i].lane)];
+      if (lane == "dp comm" && ops[i].cls == OpClass::comm &&
+          ops[i].name.find("grad bucket") != std::string::npos)
+        first_reduction = std::min(first_reduction, t[i].start_ns);
+      if (ops[i].cls == OpClass::compute && ops[i].name.find("wgrad") != std::string::npos)
+        last_backward = std::max(last_backward, t[i].end_ns);
+    }
+    ASSERT_LT(first_reduction, INT64_MAX);
+    if (overlap)
+      EXPECT_LT(first_reduction, last_backward);
+    else
+      EXPECT_GE(first_reduction, last_backward);
+  }
+}
+
 TEST(Memory, LayerActivationsMatchKorthikantiClosedForms) {
   const DecoderShape m = gpt(4096, 32, 2048, 32);
   const double s = 2048, b = 2, h = 4096, a = 32;

@@ -125,6 +125,10 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.bucket_mb = 1000;
   });
   add("bucket per parameter", [](TrainOptions& o) { o.layout.bucket_params = 1; });
+  add("reductions after the backward", [](TrainOptions& o) {
+    o.layout.bucket_params = 2;
+    o.layout.overlap_grad_reduce = false;
+  });
   add("no sequence parallel", [](TrainOptions& o) { o.layout.sequence_parallel = false; });
   add("script P=2", [](TrainOptions& o) {
     o.linear.strategy = Strategy::script;

@@ -52,8 +52,9 @@ case "${1:-}" in
     deps
     build build-tsan -DCOCEMU_SANITIZE=thread
     # The `plan` tests are not run here: Debian's libtbb is not built with TSan, so its
-    # synchronisation (arena start-up, parallel_for's join, concurrent_hash_map's locks) is
-    # invisible and TSan reports every hand-over through it as a race.
+    # scheduler's synchronisation (task stealing, its small-object pool, joins) is invisible and
+    # TSan reports races inside oneTBB's own frames; suppressing those would also hide races in
+    # code that oneTBB calls.
     # The training step's tests load both cores for minutes under TSan; they run after the
     # others, so the timeout tests' deadlines are not measured on a starved machine.
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

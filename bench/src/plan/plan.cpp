@@ -8,6 +8,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -378,6 +379,34 @@ std::optional<PlanCandidate> heuristic_search(const PlanQuery& r, Evaluator& ev,
   return cur;
 }
 
+/// One enumerated layout, pruned (with the reason) or evaluated.
+struct Assessed {
+  std::string reason;
+  std::optional<PlanCandidate> candidate;
+};
+
+/// Prunes or evaluates a layout. In dynamic_programming mode a 1F1B layout with stages takes
+/// the balanced partition in place of the even split (checked against the rules and memory with
+/// the most even split first: a pp that does not divide the layers is allowed here).
+Assessed assess(const PlanQuery& q, Evaluator& ev, TrainLayout l) {
+  if (q.mode == SearchMode::dynamic_programming && l.pp > 1 && l.vpp == 1) {
+    TrainLayout even = l;
+    even.stage_layers.clear();
+    if (const std::int64_t extra = q.model.num_layers % l.pp; extra != 0) {
+      even.stage_layers.assign(std::size_t(l.pp), q.model.num_layers / l.pp);
+      for (std::int64_t k = 0; k < extra; ++k)
+        ++even.stage_layers[std::size_t(k)];
+    }
+    if (std::string why = prune_reason(q, even); !why.empty()) return {std::move(why), {}};
+    l.stage_layers = balanced_stages(ev.parts(ev.setup_for(l))->parts, l.pp, q.model.num_layers);
+    if (std::all_of(l.stage_layers.begin(), l.stage_layers.end(),
+                    [&](std::int64_t n) { return n == l.stage_layers.front(); }))
+      l.stage_layers.clear();
+  }
+  if (std::string why = prune_reason(q, l); !why.empty()) return {std::move(why), {}};
+  return {"", ev.evaluate(l)};
+}
+
 /// Why the winner beats the runner-up: the terms that differ, largest first.
 std::string explain(const PlanCandidate& a, const PlanCandidate& b) {
   const TrainReport &x = a.report, &y = b.report;
@@ -471,49 +500,28 @@ PlanResult plan(const PlanQuery& request) {
           }
     }
     res.enumerated = std::int64_t(layouts.size());
-    std::vector<std::string> reasons(layouts.size());
-    std::vector<std::optional<PlanCandidate>> done(layouts.size());
+    std::vector<Assessed> assessed(layouts.size());
     tbb::task_arena arena(threads);
     const auto e0 = std::chrono::steady_clock::now();
+    // Each chunk counts what it finished (release); the acquire below checks that every
+    // candidate was assessed before its result is read.
+    std::atomic<std::size_t> finished{0};
     arena.execute([&] {
-      tbb::parallel_for(
-          tbb::blocked_range<std::size_t>(0, layouts.size(), 16), [&](const auto& rg) {
-            for (std::size_t i = rg.begin(); i != rg.end(); ++i) {
-              TrainLayout l = layouts[i];
-              if (request.mode == SearchMode::dynamic_programming && l.pp > 1 && l.vpp == 1) {
-                // The balanced partition replaces the even split (or fills the uneven one).
-                if (reasons[i] = prune_reason(
-                        request,
-                        [&] {
-                          TrainLayout probe = l;
-                          probe.stage_layers.clear();
-                          if (request.model.num_layers % probe.pp) {
-                            const std::int64_t base = request.model.num_layers / probe.pp;
-                            probe.stage_layers.assign(std::size_t(probe.pp), base);
-                            for (std::int64_t k = 0; k < request.model.num_layers % probe.pp; ++k)
-                              ++probe.stage_layers[std::size_t(k)];
-                          }
-                          return probe;
-                        }());
-                    !reasons[i].empty())
-                  continue;
-                const auto e = ev.parts(ev.setup_for(l));
-                l.stage_layers = balanced_stages(e->parts, l.pp, request.model.num_layers);
-                if (std::all_of(l.stage_layers.begin(), l.stage_layers.end(),
-                                [&](std::int64_t n) { return n == l.stage_layers.front(); }))
-                  l.stage_layers.clear();
-              }
-              reasons[i] = prune_reason(request, l);
-              if (reasons[i].empty()) done[i] = ev.evaluate(l);
-            }
-          });
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, layouts.size(), 16),
+                        [&](const tbb::blocked_range<std::size_t>& rg) {
+                          for (std::size_t i = rg.begin(); i != rg.end(); ++i)
+                            assessed[i] = assess(request, ev, layouts[i]);
+                          finished.fetch_add(rg.size(), std::memory_order_release);
+                        });
     });
+    COCEMU_CHECK(finished.load(std::memory_order_acquire) == layouts.size(), Errc::internal,
+                 "plan: {} of {} candidates assessed", finished.load(), layouts.size());
     res.evaluation_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
     std::vector<PlanCandidate> all;
-    for (std::size_t i = 0; i < layouts.size(); ++i) {
-      if (!reasons[i].empty()) ++res.pruned[reasons[i]];
-      if (done[i]) all.push_back(std::move(*done[i]));
+    for (Assessed& a : assessed) {
+      if (!a.reason.empty()) ++res.pruned[a.reason];
+      if (a.candidate) all.push_back(std::move(*a.candidate));
     }
     res.evaluated = std::int64_t(all.size());
     if (all.empty()) {

@@ -119,7 +119,7 @@ class Evaluator {
   using Map = tbb::concurrent_hash_map<std::string, std::shared_ptr<const PartsEntry>>;
   const PlanQuery& r_;
   Map parts_;
-  CollectiveMemo collectives_;
+  StepMemo collectives_;
 };
 
 int world_of(const PlanQuery& r) {

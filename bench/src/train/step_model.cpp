@@ -112,23 +112,59 @@ TrainReport model_step(const TrainSetup& setup) {
   return replay_step(setup, emulate_parts(setup));
 }
 
-struct CollectiveMemo::Impl {
-  tbb::concurrent_hash_map<std::string, double> prices;
+namespace {
+
+/// A DP-side collective, as StepMemo keys it.
+struct CollectiveKey {
+  CollOp op;
+  DType dtype;
+  int first, stride, size;
+  std::int64_t count;
+  std::uint64_t bytes;
+  bool operator==(const CollectiveKey&) const = default;
+};
+struct CollectiveKeyHash {
+  static std::size_t hash(const CollectiveKey& k) {
+    std::size_t h = std::hash<std::int64_t>()(k.count);
+    for (const std::uint64_t v : {std::uint64_t(k.op), std::uint64_t(k.dtype), std::uint64_t(k.first),
+                                  std::uint64_t(k.stride), std::uint64_t(k.size), k.bytes})
+      h = h * 1000003u ^ std::hash<std::uint64_t>()(v);
+    return h;
+  }
+  static bool equal(const CollectiveKey& a, const CollectiveKey& b) { return a == b; }
 };
 
-CollectiveMemo::CollectiveMemo(std::shared_ptr<const DeviceProfile> profile)
+}  // namespace
+
+struct StepMemo::Impl {
+  tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash> prices;
+  tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>> actions;
+};
+
+const std::vector<PipelineAction>& StepMemo::actions(layers::train::PipelineSchedule s, int pp,
+                                                     int vpp, int m, int stage) {
+  const std::string key = fmt::format("{} {} {} {} {}", int(s), pp, vpp, m, stage);
+  {
+    tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>>::const_accessor a;
+    if (impl_->actions.find(a, key)) return a->second;  // elements are never erased or moved
+  }
+  tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>>::accessor a;
+  if (impl_->actions.insert(a, key)) a->second = layers::train::pipeline_actions(s, pp, vpp, m, stage);
+  return a->second;
+}
+
+StepMemo::StepMemo(std::shared_ptr<const DeviceProfile> profile)
     : profile_(std::move(profile)), impl_(std::make_unique<Impl>()) {}
-CollectiveMemo::~CollectiveMemo() = default;
-std::size_t CollectiveMemo::size() const {
+StepMemo::~StepMemo() = default;
+std::size_t StepMemo::size() const {
   return impl_->prices.size();
 }
 
-double CollectiveMemo::price(CollOp op, int first, int stride, int size, std::int64_t count,
+double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t count,
                              DType dtype, std::uint64_t bytes) {
-  const std::string key =
-      fmt::format("{} {} {} {} {} {} {}", int(op), first, stride, size, count, int(dtype), bytes);
+  const CollectiveKey key{op, dtype, first, stride, size, count, bytes};
   {
-    tbb::concurrent_hash_map<std::string, double>::const_accessor a;
+    tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::const_accessor a;
     if (impl_->prices.find(a, key)) return a->second;
   }
   std::vector<int> members(static_cast<std::size_t>(size));
@@ -141,7 +177,7 @@ double CollectiveMemo::price(CollOp op, int first, int stride, int size, std::in
   return ns;
 }
 
-TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, CollectiveMemo* memo,
+TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
                         bool record_pipeline) {
   const auto& o = setup.options;
   const TrainLayout& l = o.layout;
@@ -190,9 +226,16 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, Collect
     link_ns[std::size_t(s)] = p2p_ns(prof, act_bytes, per_stage * s, per_stage * ((s + 1) % pp));
 
   // Replay: every stage runs its actions in order; an action waits for its input's transfer.
-  std::vector<std::vector<PipelineAction>> actions(static_cast<std::size_t>(pp));
-  for (int s = 0; s < pp; ++s)
-    actions[std::size_t(s)] = layers::train::pipeline_actions(l.schedule, pp, vpp, m, s);
+  std::vector<std::vector<PipelineAction>> own(memo ? 0 : std::size_t(pp));
+  std::vector<const std::vector<PipelineAction>*> actions(static_cast<std::size_t>(pp));
+  for (int s = 0; s < pp; ++s) {
+    if (memo) {
+      actions[std::size_t(s)] = &memo->actions(l.schedule, pp, vpp, m, s);
+    } else {
+      own[std::size_t(s)] = layers::train::pipeline_actions(l.schedule, pp, vpp, m, s);
+      actions[std::size_t(s)] = &own[std::size_t(s)];
+    }
+  }
   // End time of every action, by (stage, direction, micro-batch, chunk); NaN: not run yet.
   std::vector<double> done_at(std::size_t(pp) * 2 * std::size_t(m) * std::size_t(vpp), NAN);
   auto done = [&](int stage, bool fwd, int mb, int chunk) -> double& {
@@ -210,13 +253,13 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, Collect
   std::vector<std::vector<std::pair<double, double>>> spans(static_cast<std::size_t>(pp));
   std::size_t remaining = 0;
   for (const auto& a : actions)
-    remaining += a.size();
+    remaining += a->size();
   while (remaining > 0) {
     bool progressed = false;
     for (int s = 0; s < pp; ++s) {
       auto& i = next[std::size_t(s)];
-      while (i < actions[std::size_t(s)].size()) {
-        const PipelineAction& a = actions[std::size_t(s)][i];
+      while (i < actions[std::size_t(s)]->size()) {
+        const PipelineAction& a = (*actions[std::size_t(s)])[i];
         double ready = free_at[std::size_t(s)], transfer = 0;
         const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
         if (a.forward && !first) {

@@ -18,6 +18,7 @@
 /// nothing. A test compares it with the emulated step on layouts both can run.
 #include "cocemu/bench/train/train_report.h"
 #include "cocemu/collectives/plan.h"
+#include "cocemu/layers/train/pipeline.h"
 
 namespace cocemu::bench {
 
@@ -25,17 +26,20 @@ TrainReport model_step(const TrainSetup& setup);
 
 struct StepParts;
 
-/// Prices of DP-side collectives (model_collective), memoized for many replays on one profile;
-/// safe to share between threads.
-class CollectiveMemo {
+/// What many replays on one profile share (a search): the prices of DP-side collectives
+/// (model_collective) and the schedules' action lists; safe to share between threads.
+class StepMemo {
  public:
-  explicit CollectiveMemo(std::shared_ptr<const DeviceProfile> profile);
-  ~CollectiveMemo();
-  CollectiveMemo(const CollectiveMemo&) = delete;
-  CollectiveMemo& operator=(const CollectiveMemo&) = delete;
+  explicit StepMemo(std::shared_ptr<const DeviceProfile> profile);
+  ~StepMemo();
+  StepMemo(const StepMemo&) = delete;
+  StepMemo& operator=(const StepMemo&) = delete;
   /// model_collective(...).cost.total_ns for a group whose world ranks are first + i·stride.
   double price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
                std::uint64_t bytes);
+  /// pipeline_actions(schedule, pp, vpp, m, stage), computed once.
+  const std::vector<layers::train::PipelineAction>& actions(layers::train::PipelineSchedule s,
+                                                            int pp, int vpp, int m, int stage);
   std::size_t size() const;
 
  private:
@@ -48,6 +52,6 @@ class CollectiveMemo {
 /// reductions and the optimizer, as above. `memo` (optional) must be on setup's profile;
 /// without `record_pipeline` the report's pipeline picture stays empty (searches).
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts,
-                        CollectiveMemo* memo = nullptr, bool record_pipeline = true);
+                        StepMemo* memo = nullptr, bool record_pipeline = true);
 
 }  // namespace cocemu::bench

@@ -313,17 +313,12 @@ struct CpAttention::Impl {
     return a;
   }
 
+  /// A block's kernel (cost_model.h's flash_attention_ns: the same ruler as local attention).
   double attention_ns(const AttentionArgs& a, double flops) const {
-    // Flash attention runs as fused GEMM tiles: efficiency saturates with the whole block's work
-    // (all heads), and drops when a head's rows are not aligned.
-    const DeviceProfile& prof = rank.profile();
-    double eff = prof.gemm.max_efficiency;
-    if (prof.gemm.half_efficiency_flops > 0)
-      eff *= flops / (flops + prof.gemm.half_efficiency_flops);
-    if ((std::uint64_t(D) * size_of(p.dtype)) % prof.gemm.alignment_bytes != 0)
-      eff *= prof.gemm.unaligned_efficiency;
-    eff *= prof.attention_efficiency;
-    return std::max(flops / (prof.peak(p.dtype) * eff) * 1e9, prof.kernel_min_ns);
+    const double bytes =
+        double(size_of(p.dtype)) * double(a.shape.batch) *
+        double(a.shape.q_heads * a.shape.q_len + a.shape.kv_heads * a.shape.kv_len) * double(2 * D);
+    return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype, bytes);
   }
 
   /// One ring transfer: a send of `out` to ring member `to` and a receive of `in` from `from`,

@@ -79,6 +79,10 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
     m.vocab = mm.integer("vocab", 1, 1 << 24);
     m.seq = mm.integer("seq", 1, 1 << 24);
     m.swiglu = mm.boolean_or("swiglu", false);
+    const std::string attention = mm.string_or("attention", "flash");
+    COCEMU_CHECK(attention == "flash" || attention == "unfused", Errc::parse_error,
+                 "{}: attention '{}'; allowed flash, unfused", mm.where(), attention);
+    m.flash_attention = attention == "flash";
     mm.finish();
   }
   const int gpus = int(e.integer("gpus", 1, 1 << 20));

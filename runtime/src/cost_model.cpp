@@ -26,15 +26,42 @@ double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int6
   return std::max({compute, memory, p.kernel_min_ns});
 }
 
+double flash_attention_ns(const DeviceProfile& p, double flops, std::int64_t head_dim, DType dtype,
+                          double bytes) {
+  if (flops <= 0) return p.kernel_min_ns;
+  double eff = p.gemm.max_efficiency;
+  if (p.gemm.half_efficiency_flops > 0) eff *= flops / (flops + p.gemm.half_efficiency_flops);
+  if ((std::uint64_t(head_dim) * size_of(dtype)) % p.gemm.alignment_bytes != 0)
+    eff *= p.gemm.unaligned_efficiency;
+  eff *= p.attention_efficiency;
+  const double compute = flops / (p.peak(dtype) * eff) * 1e9;
+  return std::max({compute, bytes / p.memory_bandwidth * 1e9, p.kernel_min_ns});
+}
+
 double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
                     std::int64_t d, DType dtype, double visible) {
   if (heads == 0 || s_q == 0 || s_k == 0) return p.kernel_min_ns;
   const double flops = 4.0 * double(heads) * double(s_q) * double(s_k) * double(d) * visible;
-  const double compute =
-      flops / (p.peak(dtype) * gemm_efficiency(p, s_q, s_k, d, dtype) * p.attention_efficiency) *
-      1e9;
   const double bytes = double(size_of(dtype)) * double(heads) * double(2 * s_q * d + 2 * s_k * d);
-  return std::max({compute, bytes / p.memory_bandwidth * 1e9, p.kernel_min_ns});
+  return flash_attention_ns(p, flops, d, dtype, bytes);
+}
+
+double unfused_attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q,
+                            std::int64_t s_k, std::int64_t d, DType dtype, bool backward) {
+  if (heads == 0 || s_q == 0 || s_k == 0) return p.kernel_min_ns;
+  // A batched product of `heads` [r, c]·[c, n] GEMMs, priced as one GEMM of heads·r rows.
+  const auto batched = [&](std::int64_t r, std::int64_t n, std::int64_t c) {
+    return gemm_ns(p, heads * r, n, c, dtype);
+  };
+  const double e = double(size_of(dtype)), scores = double(heads) * double(s_q) * double(s_k);
+  const auto pass = [&](double bytes) { return memory_ns(p, std::uint64_t(bytes)); };
+  if (!backward)
+    return batched(s_q, s_k, d) + pass(2 * e * scores) + pass((2 * e + 1) * scores) +
+           batched(s_q, d, s_k);
+  // dP = dO·Vᵀ, dV = Pᵀ·dO; dropout backward (mask, grad in, grad out); softmax backward (P,
+  // dP in, dS out); dQ = dS·K, dK = dSᵀ·Q.
+  return batched(s_q, s_k, d) + batched(s_k, d, s_q) + pass((2 * e + 1) * scores) +
+         pass(3 * e * scores) + batched(s_q, d, s_k) + batched(s_k, d, s_q);
 }
 
 double memory_ns(const DeviceProfile& p, std::uint64_t bytes) {

@@ -279,8 +279,8 @@ TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
 
 // R-PL-4: published training runs, each cited, its figure converted to model FLOPs when the
 // source counts recompute, modeled by the step model. The target is 15% each and 10% on
-// average; what the model reaches today is asserted as a regression bound (README: 6 of 12
-// within 15%, mean 15.7%), so a change that makes it worse fails.
+// average; what the model reaches today is asserted as a regression bound (README: 7 of 12
+// within 15%, mean 11.9%, worst 25.9%), so a change that makes it worse fails.
 TEST(Validate, PublishedTrainingRuns) {
   const Validation v = validate_shipped();
   int rows = 0, converted = 0, within = 0;
@@ -299,12 +299,12 @@ TEST(Validate, PublishedTrainingRuns) {
     }
     sum += std::fabs(r.delta_pct);
     within += std::fabs(r.delta_pct) <= 15.0;
-    EXPECT_LE(std::fabs(r.delta_pct), 30.0) << r.name;
+    EXPECT_LE(std::fabs(r.delta_pct), 27.0) << r.name;
   }
   EXPECT_GE(rows, 6);
   EXPECT_GE(converted, 1);
-  EXPECT_GE(within, 6);
-  EXPECT_LE(sum / rows, 16.5);
+  EXPECT_GE(within, 7);
+  EXPECT_LE(sum / rows, 12.5);
   // A training reference with an unknown layout key is an error with file:line.
   testing::expect_error(
       [] {

@@ -23,19 +23,25 @@ using layers::Strategy;
 
 namespace {
 
-/// A stretch of device time and the compute work (full speed) inside it; what is not compute is
-/// exposed communication.
+/// A stretch of device time: its length, the compute work inside it (full speed), and the
+/// exposed communication — time a transfer runs while no compute does, as the emulated report
+/// counts it (a fused kernel is compute: its transfers are inside it).
 struct Span {
-  double ns = 0, compute_ns = 0;
+  double ns = 0, compute_ns = 0, exposed_ns = 0;
   Span& operator+=(const Span& o) {
     ns += o.ns;
     compute_ns += o.compute_ns;
+    exposed_ns += o.exposed_ns;
     return *this;
   }
-  double exposed() const { return std::max(0.0, ns - compute_ns); }
+  Span operator*(double n) const { return {ns * n, compute_ns * n, exposed_ns * n}; }
+  double exposed() const { return exposed_ns; }
 };
 Span compute(double ns) {
-  return {ns, ns};
+  return {ns, ns, 0};
+}
+Span comm(double ns) {
+  return {ns, 0, ns};
 }
 
 /// One TP group's (and its CP group's) pricing for one micro-batch.
@@ -77,6 +83,12 @@ class Pricer {
   }
   double overlapped(double compute_ns, double comm_ns) const {
     return overlapped_ns(compute_ns, comm_ns, p_.contention);
+  }
+  /// Compute and a transfer that start together (the schedule's contention rule): the transfer
+  /// is exposed for whatever outlasts the slowed compute.
+  Span together(double compute_ns, double comm_ns) const {
+    const double t = overlapped(compute_ns, comm_ns);
+    return {t, compute_ns, std::max(0.0, t - compute_ns * p_.contention.compute_slowdown)};
   }
 
   /// The options an op of [m, k, n] runs with (linear.cpp's resolve).
@@ -160,11 +172,12 @@ class Pricer {
     if (o.strategy == Strategy::fused) {
       const double t = layers::fused_kernel_ns(p_, layers::FusedKind::all_gather_matmul, m, k, n,
                                                ws_, l_.dtype, fused(o), trans_w);
-      return {t, gemm(m, n, k, {false, trans_w})};
+      return {t, gemm(m, n, k, {false, trans_w}), 0};
     }
     if (o.strategy == Strategy::serial) {
-      const double g = gemm(m, n, k, {false, trans_w});
-      return {coll(CollOp::all_gather, ml * k, double(m * k * e_)) + g, g};
+      Span s = comm(coll(CollOp::all_gather, ml * k, double(m * k * e_)));
+      s += compute(gemm(m, n, k, {false, trans_w}));
+      return s;
     }
     const int P = chunks(o, ml);
     const std::int64_t per = ml / P;
@@ -173,8 +186,12 @@ class Pricer {
     const double g = gemm(ws_ * per, n, sc.k, {false, sc.col_major});
     double shuffles = mem(2.0 * double(m * n * e_));
     if (keep_gathered) shuffles += mem(2.0 * double(m * k * e_));
-    const double t = sc.prep_ns + c + double(P - 1) * overlapped(g, c) + g + shuffles;
-    return {t, sc.prep_ns + P * g + shuffles};
+    // Chunk i's gather runs beside chunk i−1's product.
+    Span s = compute(sc.prep_ns);
+    s += comm(c);
+    s += together(g, c) * double(P - 1);
+    s += compute(g + shuffles);
+    return s;
   }
 
   /// The row-parallel forward's product and reduction (linear.cpp RowParallelLinear::forward).
@@ -190,19 +207,26 @@ class Pricer {
                                       sp ? layers::FusedKind::matmul_reduce_scatter
                                          : layers::FusedKind::matmul_all_reduce,
                                       m, kl, n, ws_, l_.dtype, fused(o), true),
-              whole};
+              whole, 0};
     const int P = chunks(o, sp ? m / ws_ : m);
     const std::int64_t rows = m / P;  // a chunk's product rows
     auto reduce = [&](std::int64_t r) {
       return sp ? coll(CollOp::reduce_scatter, r / ws_ * n, double(r * n * e_))
                 : coll(CollOp::all_reduce, r * n, double(r * n * e_));
     };
-    if (o.strategy == Strategy::serial) return {whole + reduce(m), whole};
+    if (o.strategy == Strategy::serial) {
+      Span s = compute(whole);
+      s += comm(reduce(m));
+      return s;
+    }
     const Soc sc = soc(o, P, sp ? m : m * ws_, m, kl, n, true);
     const double shuffle = sp && P > 1 ? mem(2.0 * double(m * kl * e_)) : 0;
     const double g = gemm(rows, n, sc.k, {false, sc.col_major}), c = reduce(rows);
-    const double t = sc.prep_ns + shuffle + g + double(P - 1) * overlapped(g, c) + c;
-    return {t, sc.prep_ns + shuffle + P * g};
+    // Chunk i's reduction runs beside chunk i+1's product.
+    Span s = compute(sc.prep_ns + shuffle + g);
+    s += together(g, c) * double(P - 1);
+    s += comm(c);
+    return s;
   }
 
   /// ColumnParallelLinear::forward.
@@ -233,17 +257,23 @@ class Pricer {
     const double gd = gemm(m, k, nl), gw = weight_grad(nl, k, o);
     if (!sp) {
       const double ar = coll(CollOp::all_reduce, m * k, double(m * k * e_));
-      return {gd + overlapped(gw, ar), gd + gw};
+      Span s = compute(gd);
+      s += together(gw, ar);  // the async all_reduce beside the weight-gradient GEMM
+      return s;
     }
     const double regather =
         o.recompute_all_gather ? coll(CollOp::all_gather, ml * k, double(m * k * e_)) : 0;
     if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
       const double f = layers::fused_kernel_ns(p_, layers::FusedKind::matmul_reduce_scatter, m, nl,
                                                k, ws_, l_.dtype, fused(o), false);
-      return {overlapped(f, regather) + gw, gd + gw};
+      Span s = together(f, regather);
+      s += compute(gw);
+      return s;
     }
     const double rs = coll(CollOp::reduce_scatter, ml * k, double(m * k * e_));
-    return {overlapped(gd, regather) + overlapped(gw, rs), gd + gw};
+    Span s = together(gd, regather);  // the re-gather beside the grad-input GEMM
+    s += together(gw, rs);            // the reduce_scatter beside the weight-gradient GEMM
+    return s;
   }
 
   /// RowParallelLinear::backward (dy [ml, n], weight [n, kl]).
@@ -262,13 +292,18 @@ class Pricer {
   /// CP attention's forward over the cp group.
   Span attention_forward() const {
     const std::int64_t b = tokens_ / (m_.seq / l_.cp), heads = m_.heads / ws_, d = head_dim();
-    if (l_.cp == 1) return compute(attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5));
+    if (l_.cp == 1)
+      return compute(m_.flash_attention
+                         ? attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5)
+                         : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, false));
     return cp_attention(false);
   }
   Span attention_backward() const {
     const std::int64_t b = tokens_ / (m_.seq / l_.cp), heads = m_.heads / ws_, d = head_dim();
     if (l_.cp == 1)
-      return compute(2.5 * attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5));
+      return compute(m_.flash_attention
+                         ? 2.5 * attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5)
+                         : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, true));
     return cp_attention(true);
   }
 
@@ -278,15 +313,12 @@ class Pricer {
     return p_.topology.path_latency_ns(a, b) + bytes / p_.topology.path_bandwidth(a, b) * 1e9;
   }
 
-  /// A CP attention kernel (context_parallel.cpp's pricing: efficiency saturating with the
-  /// whole block's FLOPs, not one head's GEMM).
-  double cp_kernel_ns(double flops) const {
-    double eff = p_.gemm.max_efficiency;
-    if (p_.gemm.half_efficiency_flops > 0) eff *= flops / (flops + p_.gemm.half_efficiency_flops);
-    if ((std::uint64_t(head_dim()) * e_) % p_.gemm.alignment_bytes != 0)
-      eff *= p_.gemm.unaligned_efficiency;
-    eff *= p_.attention_efficiency;
-    return std::max(flops / (p_.peak(l_.dtype) * eff) * 1e9, p_.kernel_min_ns);
+  /// A CP attention kernel over `heads` query heads (KV heads in proportion), `s_q` queries and
+  /// `s_k` keys, priced as context_parallel.cpp prices it (flash_attention_ns).
+  double cp_kernel_ns(double flops, std::int64_t heads, std::int64_t s_q, std::int64_t s_k) const {
+    const std::int64_t kv = heads * m_.kv() / m_.heads;
+    const double bytes = double(e_) * double(heads * s_q + kv * s_k) * double(2 * head_dim());
+    return flash_attention_ns(p_, flops, head_dim(), l_.dtype, bytes);
   }
 
   /// Ring attention (megatron_cp_algo, causal, load-balanced chunks): cp steps, each over half
@@ -310,26 +342,26 @@ class Pricer {
                                 std::uint64_t(n * e_), Algorithm::automatic, true)
             .cost.total_ns;
       };
-      const double comm = 2 * a2a(hl) + 2 * a2a(kvl);
+      const double comm_ns = 2 * a2a(hl) + 2 * a2a(kvl);
       const double pairs = double(b * heads / cp) * double(m_.seq) * double(m_.seq + 1) / 2;
-      const double a = cp_kernel_ns(per_pair * pairs) + layout;
-      return {comm + a, a};
+      Span s = comm(comm_ns);
+      s += compute(cp_kernel_ns(per_pair * pairs, b * heads / cp, m_.seq, m_.seq) + layout);
+      return s;
     }
     COCEMU_CHECK_ARG(l_.cp_algo == "megatron_cp_algo" && l_.cp_window_size <= 1,
                      "the step's part model prices ring (megatron_cp_algo without a window) and "
                      "Ulysses context parallelism; {} (window {}) needs the emulated parts",
                      l_.cp_algo, l_.cp_window_size);
     const double pairs = double(b * heads) * double(s_l) * double(s_l) / 2;
-    const double kernel = cp_kernel_ns(per_pair * pairs);
+    const double kernel = cp_kernel_ns(per_pair * pairs, b * heads, s_l, s_l);
     const double block = double(tokens_ * kvl * e_) * 2;
     const double one = p2p(block, cp_members_[0], cp_members_[1 % cp]);
     const double link = (l_.use_cp_send_recv_overlap ? 1 : 2) * one * (backward ? 2 : 1);
-    double t = layout, work = layout;
-    for (int step = 0; step < cp; ++step) {
-      work += kernel;
-      t += step + 1 < cp ? overlapped(kernel, link) : kernel;
-    }
-    return {t, work};
+    // Each step's KV block (dK/dV) travels beside the current step's kernel.
+    Span s = compute(layout);
+    s += together(kernel, link) * double(cp - 1);
+    s += compute(kernel);
+    return s;
   }
 
  private:
@@ -406,11 +438,10 @@ StepParts price_copy(const TrainSetup& setup, std::int64_t batch,
   const bool sp = l.sequence_parallel && ws > 1;
   const double full = double(m * h * e);
   Span ef = compute(pr.mem(2 * full));
-  ef += Span{
-      sp ? pr.coll(CollOp::reduce_scatter, ml * h, full) : pr.coll(CollOp::all_reduce, m * h, full),
-      0};
+  ef += comm(sp ? pr.coll(CollOp::reduce_scatter, ml * h, full)
+                : pr.coll(CollOp::all_reduce, m * h, full));
   parts.embedding_fwd = cost_of(ef);
-  Span eb{sp ? pr.coll(CollOp::all_gather, ml * h, full) : 0, 0};
+  Span eb = comm(sp ? pr.coll(CollOp::all_gather, ml * h, full) : 0);
   eb += compute(pr.mem(3 * full));
   parts.embedding_bwd = cost_of(eb);
 
@@ -421,9 +452,8 @@ StepParts price_copy(const TrainSetup& setup, std::int64_t batch,
   Span lf = compute(pr.mem(2 * act));
   lf += pr.column_forward(h, vl);
   lf += compute(3 * pr.mem(logits) + pr.mem(3 * double(m) * acc));
-  lf += Span{3 * pr.coll(CollOp::all_reduce, m, double(m) * acc,
-                         l.dtype == DType::f64 ? DType::f64 : DType::f32),
-             0};
+  lf += comm(3 * pr.coll(CollOp::all_reduce, m, double(m) * acc,
+                         l.dtype == DType::f64 ? DType::f64 : DType::f32));
   parts.loss_fwd = cost_of(lf);
   Span lb = compute(pr.mem(2 * logits));
   lb += pr.column_backward(h, vl);

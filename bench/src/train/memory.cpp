@@ -124,7 +124,13 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
   const double e = double(size_of(l.dtype)), wide = l.dtype == DType::f64 ? 8 : 4;
   const double tokens = double(m.seq) / l.cp * double(l.micro_batch_size);
   const double outside = l.sequence_parallel && l.tp > 1 ? l.tp : 1;
-  const auto style = emulated_layer_style();
+  // The emulated layer keeps what flash attention keeps; unfused attention also keeps the
+  // softmax output and the dropout mask (Korthikanti et al.'s count).
+  ActivationStyle style = emulated_layer_style();
+  if (!m.flash_attention) {
+    style.flash_attention = false;
+    style.dropout = true;
+  }
   double per_layer = 0;
   for (const auto& t : layer_activations(m, l, style))
     per_layer += t.bytes;

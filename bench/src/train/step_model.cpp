@@ -126,8 +126,9 @@ struct CollectiveKey {
 struct CollectiveKeyHash {
   static std::size_t hash(const CollectiveKey& k) {
     std::size_t h = std::hash<std::int64_t>()(k.count);
-    for (const std::uint64_t v : {std::uint64_t(k.op), std::uint64_t(k.dtype), std::uint64_t(k.first),
-                                  std::uint64_t(k.stride), std::uint64_t(k.size), k.bytes})
+    for (const std::uint64_t v :
+         {std::uint64_t(k.op), std::uint64_t(k.dtype), std::uint64_t(k.first),
+          std::uint64_t(k.stride), std::uint64_t(k.size), k.bytes})
       h = h * 1000003u ^ std::hash<std::uint64_t>()(v);
     return h;
   }
@@ -149,7 +150,8 @@ const std::vector<PipelineAction>& StepMemo::actions(layers::train::PipelineSche
     if (impl_->actions.find(a, key)) return a->second;  // elements are never erased or moved
   }
   tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>>::accessor a;
-  if (impl_->actions.insert(a, key)) a->second = layers::train::pipeline_actions(s, pp, vpp, m, stage);
+  if (impl_->actions.insert(a, key))
+    a->second = layers::train::pipeline_actions(s, pp, vpp, m, stage);
   return a->second;
 }
 
@@ -160,8 +162,8 @@ std::size_t StepMemo::size() const {
   return impl_->prices.size();
 }
 
-double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t count,
-                             DType dtype, std::uint64_t bytes) {
+double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
+                       std::uint64_t bytes) {
   const CollectiveKey key{op, dtype, first, stride, size, count, bytes};
   {
     tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::const_accessor a;

@@ -272,7 +272,8 @@ class StageRunner {
                      .activation = md.swiglu ? Activation::swiglu : Activation::gelu,
                      .sequence_parallel = sp,
                      .dtype = l_.dtype,
-                     .recompute_core_attention = l_.recompute == Recompute::selective};
+                     .recompute_core_attention = l_.recompute == Recompute::selective,
+                     .flash_attention = md.flash_attention};
     const std::int64_t vocab = padded_vocab(md.vocab, l_.tp);
     auto table = [&](bool head) {
       if (!rank_.numerics()) return Tensor::shape_only({vocab, md.hidden}, l_.dtype);

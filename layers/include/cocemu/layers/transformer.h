@@ -31,6 +31,11 @@ struct TransformerConfig {
   /// Megatron's selective recompute (--recompute-granularity selective): core attention is
   /// recomputed in the backward (with CP, its communication too) instead of kept.
   bool recompute_core_attention = false;
+  /// Core attention as one flash-attention kernel (default), or unfused as Megatron ran it
+  /// before FlashAttention: QKᵀ as a batched GEMM, the fused scale-mask-softmax and the dropout
+  /// over the [b·h, s, s] scores in memory, then P·V (the numerics are the same; the price
+  /// differs). Context-parallel attention is always flash.
+  bool flash_attention = true;
 
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t head_dim() const { return hidden / heads; }

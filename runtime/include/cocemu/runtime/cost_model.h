@@ -33,12 +33,25 @@ double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, s
 /// shortest kernel.
 double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                GemmLayout layout = {});
+/// A flash-attention kernel of `flops` FLOPs over heads of dimension `head_dim`, against the
+/// memory time of its Q, K, V and O (`bytes`). Flash attention runs as fused GEMM tiles over
+/// every (batch, head, query block) at once, so its efficiency saturates with the whole kernel's
+/// work, as a GEMM's does (max · F/(F + F_half), unaligned rows of a head slower), times the
+/// profile's attention efficiency. The local and the context-parallel kernels are priced by it.
+double flash_attention_ns(const DeviceProfile& p, double flops, std::int64_t head_dim, DType dtype,
+                          double bytes);
 /// A flash-attention pass over `heads` heads (QKᵀ and PV fused in one kernel, scores never
-/// written to memory): 4·s_q·s_k·d·visible FLOPs per head at the efficiency of one [s_q, d]·[d,
-/// s_k] GEMM, against the memory time of Q, K, V and O. `visible` is the fraction of (query, key)
-/// pairs computed (0.5 for a causal mask).
+/// written to memory): 4·s_q·s_k·d·visible FLOPs per head, priced by flash_attention_ns.
+/// `visible` is the fraction of (query, key) pairs computed (0.5 for a causal mask).
 double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
                     std::int64_t d, DType dtype, double visible = 1.0);
+/// Core attention unfused, as Megatron ran it before FlashAttention (forward): QKᵀ as a batched
+/// GEMM writing the [heads, s_q, s_k] scores, the fused scale-mask-softmax (reads the scores,
+/// writes the probabilities), dropout (reads them, writes them and a one-byte mask), then P·V.
+/// The backward (`backward`) runs the two products' four gradient GEMMs, the dropout and the
+/// softmax backward passes. `heads` counts batch × heads.
+double unfused_attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q,
+                            std::int64_t s_k, std::int64_t d, DType dtype, bool backward);
 /// Modeled time of a memory-bound kernel moving `bytes` (reads plus writes).
 double memory_ns(const DeviceProfile& p, std::uint64_t bytes);
 double launch_ns(const DeviceProfile& p, LaunchKind kind);

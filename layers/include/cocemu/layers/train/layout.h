@@ -27,6 +27,7 @@ struct DecoderShape {
   std::int64_t hidden = 64, heads = 4, kv_heads = 0, ffn = 256, num_layers = 4, vocab = 256;
   std::int64_t seq = 32;
   bool swiglu = true;
+  bool flash_attention = true;  ///< false: Megatron's unfused core attention (priced as such)
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
 };
 

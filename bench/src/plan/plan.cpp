@@ -204,6 +204,8 @@ std::string prune_reason(const PlanQuery& r, const TrainLayout& l) {
   if (m.heads % l.tp || m.kv() % l.tp || m.ffn % l.tp)
     return "tp does not divide the heads, KV heads or ffn";
   if (l.cp > 1) {
+    if (!m.flash_attention)
+      return "cp: context-parallel attention is flash attention; the model's is unfused";
     if (m.seq % (2 * l.cp)) return "cp: sequence not divisible into 2·cp chunks";
     if (l.cp_algo == "ulysses_cp_algo" && ((m.heads / l.tp) % l.cp || (m.kv() / l.tp) % l.cp))
       return "ulysses: heads (or KV heads) per TP rank not divisible by cp";

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cocemu/bench/plan/plan.h"
+#include "cocemu/layers/coc_config.h"
 #include "cocemu/layers/model_config.h"
 #include "cocemu/runtime/error.h"
 #include "commands.h"
@@ -58,9 +59,12 @@ void run(const PlanOpts& o) {
   std::filesystem::create_directories(o.out_dir);
   const std::string coc = o.out_dir + "/plan.coc.yaml", yaml = o.out_dir + "/plan.winner.yaml",
                     flags = o.out_dir + "/plan.winner.flags";
-  std::string coc_text =
-      "# customized_coc per GEMM shape, chosen by cocemu plan (-1 fused, 1 off, "
-      "2/4/8 split)\ncustomized_coc:\n";
+  // The fused kernels' tiling the plan priced them with, then the choices.
+  const layers::CocConfig tiling = bench::plan_coc_config();
+  std::string coc_text = fmt::format(
+      "# customized_coc per GEMM shape, chosen by cocemu plan (-1 fused, 1 off, 2/4/8 split)\n"
+      "tile_rows: {}\ntiles_per_step: {}\ncustomized_coc:\n",
+      tiling.tile_rows, tiling.tiles_per_step);
   for (const auto& [key, v] : res.top.front().customized_coc)
     coc_text += fmt::format("  \"{}\": {}\n", key, v);
   if (res.top.front().customized_coc.empty()) coc_text += "  {}\n";

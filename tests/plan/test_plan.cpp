@@ -235,7 +235,26 @@ TEST(PlanCli, WinnerReproducesInTrain) {
   const auto t = nlohmann::json::parse(tin);
   EXPECT_EQ(t["layout"].get<std::string>(), j["best"]["layout"].get<std::string>());
   // train composes emulated parts, plan priced ones: they agree within the part model's error.
-  EXPECT_NEAR(t["iteration_ns"].get<double>() / planned, 1.0, 0.10) << train;
+  EXPECT_NEAR(t["iteration_ns"].get<double>() / planned, 1.0, 0.01) << train;
+  // dynamic_programming: an uneven partition reproduces too (train's stage_layers).
+  const std::string dp =
+      run("plan --model bloom-176b --nodes 14 --global-batch 112 "
+          "--search-mode dynamic_programming --no-heuristic-compare --out-dir " +
+              dir + "/dp --json " + dir + "/dp.json",
+          &status);
+  ASSERT_EQ(status, 0) << dp;
+  std::ifstream din(dir + "/dp.json");
+  const auto d = nlohmann::json::parse(din);
+  ASSERT_FALSE(d["best"]["stage_layers"].empty()) << dp;
+  const std::string dtrain =
+      run("train --config " + dir + "/dp/plan.winner.yaml --dry-run --out-dir " + dir +
+              "/dptrain --json " + dir + "/dptrain.json",
+          &status);
+  ASSERT_EQ(status, 0) << dtrain;
+  std::ifstream dtin(dir + "/dptrain.json");
+  const auto dt = nlohmann::json::parse(dtin);
+  EXPECT_NEAR(dt["iteration_ns"].get<double>() / d["best"]["iteration_ns"].get<double>(), 1.0, 0.01)
+      << dtrain;
   // Bad input from the command line: one line naming the value.
   const std::string bad = run("plan --model no-such-model --global-batch 8", &status);
   EXPECT_NE(status, 0);

@@ -83,6 +83,10 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"--dry-run", ""}, {"--no-progress", ""}, {"--out-dir", tmp}};
   const std::vector<std::pair<std::string, std::string>> train = {{"--dry-run", ""},
                                                                   {"--out-dir", tmp}};
+  const std::vector<std::pair<std::string, std::string>> plan = {{"--model", "llama2-7b"},
+                                                                 {"--global-batch", "8"},
+                                                                 {"--no-heuristic-compare", ""},
+                                                                 {"--out-dir", tmp}};
   struct Opt {
     std::string command;
     const std::vector<std::pair<std::string, std::string>>* base;
@@ -107,6 +111,13 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"collbench", &coll, "-f", "factor", {}},
       {"collbench", &coll, "--samples", "samples", {"0"}},
       {"collbench", &coll, "--check", "check", {"0"}},
+      {"plan", &plan, "--nodes", "nodes", {}},
+      {"plan", &plan, "--global-batch", "global-batch", {}},
+      {"plan", &plan, "--seq", "seq", {"0"}},          // 0: the model config's
+      {"plan", &plan, "--threads", "threads", {"0"}},  // 0: all cores
+      {"plan", &plan, "--top", "top", {}},
+      {"plan", &plan, "--max-cp", "max-cp", {}},
+      {"plan", &plan, "--max-vpp", "max-vpp", {}},
       {"mlpbench", &none, "-n", "ranks", {}},
       {"mlpbench", &none, "--m", "m", {}},
       {"mlpbench", &none, "--hidden", "hidden", {}},
@@ -177,6 +188,10 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"train", &train, "--config", "--config", {}},
       {"train", &train, "--context-parallel-algo", "context_parallel_algo", {}},
       {"train", &train, "--engine", "engine", {}},
+      {"plan", &plan, "--model", "model", {}},
+      {"plan", &plan, "--profile", "profile", {}},
+      {"plan", &plan, "--search-mode", "search mode", {}},
+      {"plan", &plan, "--dtype", "dtype", {}},
   };
   Tally n;
   int name_cases = 0;

@@ -59,6 +59,12 @@ std::string PlanCandidate::describe() const {
   return s;
 }
 
+layers::CocConfig plan_coc_config() {
+  layers::CocConfig coc;
+  coc.tile_rows = 32;  // as `cocemu train` and `bench`
+  return coc;
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -80,9 +86,7 @@ class Evaluator {
     s.dry_run = true;
     s.options.model = r_.model;
     s.options.layout = l;
-    layers::CocConfig coc;
-    coc.tile_rows = 32;  // as `cocemu train` and `bench`
-    s.options.linear = layers::options_for(coc, layers::Strategy::serial, 1);
+    s.options.linear = layers::options_for(plan_coc_config(), layers::Strategy::serial, 1);
     s.coc_name = "tuned";
     return s;
   }
@@ -691,10 +695,10 @@ std::string winner_yaml(const PlanResult& r) {
       name_of(l.dtype));
   if (l.tp > 1) s += "  coc_config: plan.coc.yaml  # customized_coc per GEMM shape\n";
   if (!l.stage_layers.empty()) {
-    s += "# layers per stage (dynamic_programming):";
-    for (const auto n : l.stage_layers)
-      s += fmt::format(" {}", n);
-    s += " — Megatron: --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers\n";
+    s += "  stage_layers: [";
+    for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
+      s += fmt::format("{}{}", i ? ", " : "", l.stage_layers[i]);
+    s += "]  # dynamic_programming's partition\n";
   }
   return s;
 }
@@ -717,6 +721,13 @@ std::string winner_flags(const PlanResult& r) {
   if (l.cp > 1) s += " --context-parallel-algo " + l.cp_algo;
   if (l.tp > 1) s += " --use-ascend-coc --coc-fused-kernel  # with plan.coc.yaml's customized_coc";
   if (l.micro_batch_interleave > 1) s += "  # MindSpore only: micro_batch_interleave_num 2";
+  if (!l.stage_layers.empty()) {
+    s += "  # layers per stage";
+    for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
+      s += fmt::format("{}{}", i ? "/" : " ", l.stage_layers[i]);
+    s += " (Megatron sets only the first and last: --decoder-first-pipeline-num-layers, "
+         "--decoder-last-pipeline-num-layers)";
+  }
   return s;
 }
 

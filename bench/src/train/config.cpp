@@ -1,5 +1,6 @@
 // `cocemu train`'s settings: MindFormers YAML, Megatron flags, and how they combine.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fstream>
 #include <sstream>
@@ -102,6 +103,20 @@ TrainSettings parse_train_config(const std::string& text, const std::string& ori
     read(t, "dtype", s.dtype, [&] { return t.string("dtype"); });
     read(t, "coc", s.coc, [&] { return t.string("coc"); });
     read(t, "coc_config", s.coc_config, [&] { return t.string("coc_config"); });
+    if (t.has("stage_layers")) {
+      std::vector<std::int64_t> layers;
+      std::string where;
+      for (const auto& [text, line] : t.strings("stage_layers")) {
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        COCEMU_CHECK(end != text.c_str() && *end == '\0' && v >= 1 && v <= (1 << 20),
+                     Errc::parse_error, "{}: stage_layers entry '{}' must be an integer >= 1", line,
+                     text);
+        layers.push_back(v);
+        if (where.empty()) where = line;
+      }
+      s.stage_layers.set(std::move(layers), where + " stage_layers");
+    }
     read(t, "seq_length", s.seq_length,
          [&] { return t.integer("seq_length", 1, std::int64_t(1) << 24); });
     read(t, "iterations", s.iterations, [&] { return t.integer("iterations", 1, 1000); });
@@ -135,6 +150,7 @@ TrainSettings merge_settings(const TrainSettings& f, const TrainSettings& y) {
   take(s.coc, f.coc, y.coc);
   take(s.coc_config, f.coc_config, y.coc_config);
   take(s.seq_length, f.seq_length, y.seq_length);
+  take(s.stage_layers, f.stage_layers, y.stage_layers);
   take(s.cp_algo, f.cp_algo, y.cp_algo);
   take(s.cp_window_size, f.cp_window_size, y.cp_window_size);
   take(s.ulysses_degree_in_cp, f.ulysses_degree_in_cp, y.ulysses_degree_in_cp);
@@ -212,6 +228,7 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
     setup.model_source = mc.source;
   }
   if (s.seq_length.value) o.model.seq = *s.seq_length.value;
+  if (s.stage_layers.value) l.stage_layers = *s.stage_layers.value;
   setup.profile = std::make_shared<const DeviceProfile>(
       load_named_profile(s.profile.value.value_or("ascend-910b")));
   setup.nodes = int(s.nodes.value.value_or(1));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cocemu/bench/train/train_report.h"
+#include "cocemu/layers/coc_config.h"
 
 namespace cocemu::bench {
 
@@ -87,6 +88,10 @@ std::vector<layers::train::TrainLayout> enumerate_layouts(const PlanQuery& reque
 std::string prune_reason(const PlanQuery& request, const layers::train::TrainLayout& layout);
 PlanCandidate evaluate_candidate(const PlanQuery& request,
                                  const layers::train::TrainLayout& layout);
+
+/// The CoC settings candidates are priced with (the fused kernels' tiling, as `cocemu train` and
+/// `bench` use it); each candidate's customized_coc adds its per-shape choices.
+layers::CocConfig plan_coc_config();
 
 std::string format_plan(const PlanResult& result);
 nlohmann::json to_json(const PlanResult& result);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cocemu/bench/train/train_report.h"
 
@@ -29,6 +30,7 @@ struct TrainSettings {
   Setting<std::int64_t> micro_batch_interleave, bucket_params;
   Setting<double> bucket_mb;
   Setting<bool> sequence_parallel, distributed_optimizer, gradients_mean;
+  Setting<std::vector<std::int64_t>> stage_layers;  ///< layers per pipeline stage (uneven split)
 };
 
 /// A MindFormers-style file: `parallel:` (gradients_mean, enable_parallel_optimizer),

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cocemu/bench/plan/plan.h"
+#include "cocemu/bench/train/train_config.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/layers/model_config.h"
 #include "cocemu/runtime/error.h"
@@ -29,19 +30,8 @@ void run(const PlanOpts& o) {
   check_output_dir("--out-dir", o.out_dir);
   if (!o.json.empty()) check_output_file("--json", o.json);
   bench::PlanQuery r;
-  const auto mc = layers::load_model_config(o.model);
-  COCEMU_CHECK_ARG(mc.vocab_size > 0,
-                   "model config {} has no vocab_size; planning a training step needs it",
-                   mc.source);
-  r.model = {.name = mc.name,
-             .hidden = mc.hidden_size,
-             .heads = mc.num_attention_heads,
-             .kv_heads = mc.num_query_groups,
-             .ffn = mc.ffn_hidden_size,
-             .num_layers = mc.num_layers,
-             .vocab = mc.vocab_size,
-             .seq = o.seq > 0 ? o.seq : mc.seq_length,
-             .swiglu = mc.swiglu};
+  r.model = bench::load_decoder(o.model);
+  if (o.seq > 0) r.model.seq = o.seq;
   r.model_name = o.model;
   r.profile = std::make_shared<const DeviceProfile>(load_named_profile(o.profile));
   r.profile_name = o.profile;

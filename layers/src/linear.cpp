@@ -33,6 +33,18 @@ LinearOptions options_for(const CocConfig& c, Strategy strategy, int parallel_nu
   return o;
 }
 
+CocConfig switches_of(const LinearOptions& o) {
+  CocConfig c;
+  c.tile_rows = o.tile_rows;
+  c.tiles_per_step = o.tiles_per_step;
+  c.recompute_all_gather = o.recompute_all_gather;
+  c.enable_coc_in_column_backward = o.enable_coc_in_column_backward;
+  c.matmul_soc_friendly = o.matmul_soc_friendly;
+  c.k_min = o.k_min;
+  c.k_max = o.k_max;
+  return c;
+}
+
 namespace {
 
 /// `o`, or with a per-shape config what it picks for this op's [m, k, n] (the label is kept).
@@ -72,12 +84,8 @@ std::string name(const LinearOptions& o, const std::string& what) {
 detail::SocPricing soc_prepare(Rank& rank, const LinearOptions& o, int P, std::int64_t m,
                                std::int64_t local_rows, std::int64_t k, std::int64_t n, DType t,
                                bool weight_col_major) {
-  CocConfig c;
-  c.matmul_soc_friendly = o.matmul_soc_friendly;
-  c.k_min = o.k_min;
-  c.k_max = o.k_max;
   const std::size_t e = size_of(t);
-  const SocFriendly s = soc_friendly(c, m, k, n, P, e, weight_col_major);
+  const SocFriendly s = soc_friendly(switches_of(o), m, k, n, P, e, weight_col_major);
   const DeviceProfile& p = rank.profile();
   if (s.transpose_weight) {
     rank.current_stream().launch({.name = name(o, fmt::format("soc-friendly weight {}x{} to "

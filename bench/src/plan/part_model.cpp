@@ -106,14 +106,7 @@ class Pricer {
   Span choose(std::int64_t m, std::int64_t k, std::int64_t n, Fn fn) const {
     if (!tuned_ || ws_ == 1) return fn(options(m, k, n));
     const LinearOptions& base = s_.options.linear;
-    layers::CocConfig c;
-    c.matmul_soc_friendly = base.matmul_soc_friendly;
-    c.recompute_all_gather = base.recompute_all_gather;
-    c.enable_coc_in_column_backward = base.enable_coc_in_column_backward;
-    c.k_min = base.k_min;
-    c.k_max = base.k_max;
-    c.tile_rows = base.tile_rows;
-    c.tiles_per_step = base.tiles_per_step;
+    const layers::CocConfig c = layers::switches_of(base);
     auto run = [&](int value) {
       LinearOptions o = value == -1  ? layers::options_for(c, Strategy::fused, 1)
                         : value == 1 ? layers::options_for(c, Strategy::serial, 1)
@@ -154,11 +147,8 @@ class Pricer {
   };
   Soc soc(const LinearOptions& o, int P, std::int64_t m, std::int64_t local_rows, std::int64_t k,
           std::int64_t n, bool weight_col_major) const {
-    layers::CocConfig c;
-    c.matmul_soc_friendly = o.matmul_soc_friendly;
-    c.k_min = o.k_min;
-    c.k_max = o.k_max;
-    const layers::SocFriendly f = layers::soc_friendly(c, m, k, n, P, e_, weight_col_major);
+    const layers::SocFriendly f =
+        layers::soc_friendly(layers::switches_of(o), m, k, n, P, e_, weight_col_major);
     if (f.transpose_weight) return {mem(2.0 * double(k * n * e_)), true, k};
     if (f.padded_k != k)
       return {mem(double((local_rows + n) * (k + f.padded_k) * e_)), weight_col_major, f.padded_k};

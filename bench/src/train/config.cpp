@@ -201,6 +201,24 @@ std::pair<layers::Strategy, int> parse_coc(const Setting<std::string>& s) {
 
 }  // namespace
 
+layers::train::DecoderShape load_decoder(const std::string& name_or_path, std::string* source) {
+  const auto mc = layers::load_model_config(name_or_path);
+  COCEMU_CHECK_ARG(mc.vocab_size > 0,
+                   "model config {} has no vocab_size; the training step needs it (add "
+                   "`vocab_size:` with its source)",
+                   mc.source);
+  if (source) *source = mc.source;
+  return {.name = mc.name,
+          .hidden = mc.hidden_size,
+          .heads = mc.num_attention_heads,
+          .kv_heads = mc.num_query_groups,
+          .ffn = mc.ffn_hidden_size,
+          .num_layers = mc.num_layers,
+          .vocab = mc.vocab_size,
+          .seq = mc.seq_length,
+          .swiglu = mc.swiglu};
+}
+
 TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
   TrainSetup setup;
   setup.dry_run = dry_run;
@@ -211,21 +229,7 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
     o.model = tiny_model();
     setup.model_source = "built-in";
   } else {
-    const auto mc = layers::load_model_config(*s.model.value);
-    COCEMU_CHECK_ARG(mc.vocab_size > 0,
-                     "model config {} has no vocab_size; the training step needs it (add "
-                     "`vocab_size:` with its source)",
-                     mc.source);
-    o.model = {.name = mc.name,
-               .hidden = mc.hidden_size,
-               .heads = mc.num_attention_heads,
-               .kv_heads = mc.num_query_groups,
-               .ffn = mc.ffn_hidden_size,
-               .num_layers = mc.num_layers,
-               .vocab = mc.vocab_size,
-               .seq = mc.seq_length,
-               .swiglu = mc.swiglu};
-    setup.model_source = mc.source;
+    o.model = load_decoder(*s.model.value, &setup.model_source);
   }
   if (s.seq_length.value) o.model.seq = *s.seq_length.value;
   if (s.stage_layers.value) l.stage_layers = *s.stage_layers.value;

@@ -55,6 +55,9 @@ struct LinearOptions {
 LinearOptions options_for(const CocConfig& config, std::int64_t m, std::int64_t k, std::int64_t n);
 /// A given strategy with the config's other switches (tiling, recompute, SoC-friendly operands).
 LinearOptions options_for(const CocConfig& config, Strategy strategy, int parallel_num);
+/// The config switches an op's options carry (tiling, recompute, SoC-friendly operands, the k
+/// range): options_for's inverse, without strategy or per-shape entries.
+CocConfig switches_of(const LinearOptions& options);
 
 class ColumnParallelLinear {
  public:

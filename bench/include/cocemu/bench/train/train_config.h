@@ -47,6 +47,10 @@ TrainSettings merge_settings(const TrainSettings& flags, const TrainSettings& fi
 /// The run: defaults filled in (the built-in tiny model on 8 devices, tp 2, pp 2, dp from the
 /// world), the model and profile loaded, the layout checked.
 TrainSetup resolve_settings(const TrainSettings& settings, bool dry_run);
+/// A model config's decoder (configs/models/NAME or a path); it must give vocab_size. `source`
+/// receives the config's source.
+layers::train::DecoderShape load_decoder(const std::string& name_or_path,
+                                         std::string* source = nullptr);
 /// The built-in model for real-numerics runs on a laptop.
 layers::train::DecoderShape tiny_model();
 

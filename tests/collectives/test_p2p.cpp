@@ -73,7 +73,7 @@ TEST(P2P, MismatchedRecvIsAClearError) {
 
 TEST(P2P, UnmatchedRecvTimesOutNamingTheSend) {
   WorldOptions o;
-  o.timeout = std::chrono::milliseconds(500);  // the host waits 3x: ample slack under TSan
+  o.timeout = testing::short_timeout(std::chrono::milliseconds(500));
   expect_error(
       [&] {
         run_ranks(

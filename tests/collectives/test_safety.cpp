@@ -17,7 +17,7 @@ using testing::run_ranks;
 
 WorldOptions short_timeout() {
   WorldOptions o;
-  o.timeout = 300ms;
+  o.timeout = testing::short_timeout(300ms);
   return o;
 }
 

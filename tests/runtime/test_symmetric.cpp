@@ -69,7 +69,7 @@ TEST(Symmetric, BadAccessesAreClearErrors) {
 
 TEST(Symmetric, WaitTimesOutNamingTheFlag) {
   WorldOptions o;
-  o.timeout = std::chrono::milliseconds(150);
+  o.timeout = testing::short_timeout(std::chrono::milliseconds(150));
   expect_error(
       [&] {
         run_ranks(

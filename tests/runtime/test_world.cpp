@@ -3,6 +3,8 @@
 // for.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -86,7 +88,7 @@ TEST(World, AFailingStreamOpIsRethrownWithItsRank) {
 
 TEST(World, TimedOutWaitSaysWhatItWaitedFor) {
   WorldOptions o;
-  o.timeout = 200ms;
+  o.timeout = testing::short_timeout(200ms);
   auto counter = std::make_shared<Counter>();
   expect_error(
       [&] {
@@ -99,8 +101,8 @@ TEST(World, TimedOutWaitSaysWhatItWaitedFor) {
             o);
       },
       Errc::timeout,
-      {"no progress for 200 ms", "the answer to be ready", "counter at 0, needed 5",
-       "what each rank was last doing", "waiting for the answer"});
+      {fmt::format("no progress for {} ms", o.timeout.count()), "the answer to be ready",
+       "counter at 0, needed 5", "what each rank was last doing", "waiting for the answer"});
 }
 
 TEST(World, TimeoutComesFromTheEnvironment) {

@@ -10,6 +10,17 @@
 
 namespace cocemu::testing {
 
+std::chrono::milliseconds short_timeout(std::chrono::milliseconds ms) {
+#if defined(__SANITIZE_THREAD__)
+  return ms * 10;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  return ms * 10;
+#endif
+#endif
+  return ms;
+}
+
 RunResult run_ranks(int n, const std::function<void(Rank&)>& fn, WorldOptions options) {
   options.n_ranks = n;
   if (!std::getenv("COCEMU_TIMEOUT_MS") && options.timeout == std::chrono::milliseconds(60000))

@@ -3,6 +3,7 @@
 // profile with round numbers for hand-worked modeled times, and exact-value input patterns.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,6 +12,11 @@
 #include "cocemu/runtime/world.h"
 
 namespace cocemu::testing {
+
+/// A short wait timeout for a test that expects one: `ms`, or 10 × `ms` under ThreadSanitizer,
+/// where starting a world's threads on a loaded 2-core machine can take longer than `ms` itself
+/// (a rank that has not started yet is "no progress").
+std::chrono::milliseconds short_timeout(std::chrono::milliseconds ms);
 
 /// Runs `fn` on n ranks with a short wait timeout (10 s unless COCEMU_TIMEOUT_MS is set).
 RunResult run_ranks(int n, const std::function<void(Rank&)>& fn, WorldOptions options = {});

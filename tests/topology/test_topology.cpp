@@ -154,6 +154,72 @@ TEST(Topology, HierarchicalAllReduceIsExact) {
     }
 }
 
+// NCCL's multi-node rings: a reduce_scatter of c = 8192 f32 per block on 4 ranks, 2 per node,
+// runs on 2 channels (one per local member), each carrying half of every block, and channel c
+// leaves each node through local member c. Every round each member sends 4096 elements = 16384 B
+// over its NIC: 163840 ns at 0.1 B/ns, 3 rounds. One ring (no placement known to the plan) puts
+// a whole block, 32768 B, on one NIC per node: twice as long.
+TEST(Topology, MultiNodeRingsShareTheNodesNics) {
+  const auto p = testing::round_profile(two_level(2));
+  PlanRequest req{CollOp::reduce_scatter, Algorithm::ring, 4, 8192, 0, false, {}};
+  const double one_ring = price_plan(build_plan(req), *p, DType::f32, {0, 1, 2, 3}).total_ns;
+  req.nodes = {0, 0, 1, 1};
+  const PlanCost channels = price_plan(build_plan(req), *p, DType::f32, {0, 1, 2, 3});
+  EXPECT_DOUBLE_EQ(one_ring, 3 * 327680.0);
+  ASSERT_EQ(channels.round_ns.size(), 3u);
+  for (double ns : channels.round_ns)
+    EXPECT_DOUBLE_EQ(ns, 163840);
+  // Small blocks (under 4096 elements per channel) and deterministic mode keep one ring.
+  req.count = 4000;
+  EXPECT_DOUBLE_EQ(price_plan(build_plan(req), *p, DType::f32, {0, 1, 2, 3}).total_ns,
+                   3 * 160000.0);
+  req.count = 8192;
+  req.deterministic = true;
+  EXPECT_GT(price_plan(build_plan(req), *p, DType::f32, {0, 1, 2, 3}).total_ns, channels.total_ns);
+}
+
+// The multi-channel rings are exact: reduce_scatter, all_gather and the ring all_reduce on groups
+// of 2–3 nodes with 2–4 members each, with blocks large enough for several channels and one that
+// is not, against the sums worked out here (small integers: any order is exact).
+TEST(Topology, MultiNodeRingsAreExact) {
+  for (int per_node : {2, 3, 4})
+    for (int nodes : {2, 3}) {
+      const int n = per_node * nodes;
+      WorldOptions wo;
+      wo.profile = testing::round_profile(two_level(per_node));
+      wo.deterministic = false;
+      run_ranks(
+          n,
+          [&](Rank& rank) {
+            Group g = Group::world(rank);
+            for (std::int64_t c : {std::int64_t(100), std::int64_t(4096) * per_node + 5}) {
+              const auto want = [&](std::int64_t i) {
+                double sum = 0;
+                for (int r = 0; r < n; ++r)
+                  sum += double((r * 5 + i + c) % 7) - 3;
+                return float(sum);
+              };
+              Tensor in = Tensor::zeros({c * n}, DType::f32);
+              fill<float>(in, rank.id(), c);
+              Tensor part = Tensor::zeros({c}, DType::f32);
+              reduce_scatter(g, part, in, {.algo = Algorithm::ring});
+              Tensor whole = Tensor::zeros({c * n}, DType::f32);
+              all_gather(g, whole, part, {.algo = Algorithm::ring});
+              Tensor sum = Tensor::zeros({c * n}, DType::f32);
+              all_reduce(g, in, sum, {.algo = Algorithm::ring});
+              rank.synchronize();
+              for (std::int64_t i = 0; i < c * n; ++i) {
+                ASSERT_EQ(whole.data<float>()[i], want(i))
+                    << "n " << n << " per node " << per_node << " c " << c << " i " << i;
+                ASSERT_EQ(sum.data<float>()[i], want(i))
+                    << "n " << n << " per node " << per_node << " c " << c << " i " << i;
+              }
+            }
+          },
+          wo);
+    }
+}
+
 // A send inside a node and one between nodes, 10000 B each: 10000 ns on a peer link, 100000 ns
 // on the NICs; started together on one rank they do not share (different links).
 TEST(Topology, PointToPointIsPricedOnItsPathAndLinksDoNotShare) {

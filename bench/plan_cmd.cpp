@@ -20,7 +20,7 @@ struct PlanOpts {
                      json, dtype = "bf16";
   int nodes = 1, threads = 0, top = 5, max_cp = 8, max_vpp = 4;
   std::int64_t global_batch = 0, seq = 0;
-  bool no_compare = false;
+  bool no_compare = false, deterministic = false;
 };
 
 void run(const PlanOpts& o) {
@@ -44,6 +44,7 @@ void run(const PlanOpts& o) {
   r.max_cp = o.max_cp;
   r.max_vpp = o.max_vpp;
   r.compare_heuristic = !o.no_compare;
+  r.deterministic = o.deterministic;
   const bench::PlanResult res = bench::plan(r);
   std::fputs(bench::format_plan(res).c_str(), stdout);
   std::filesystem::create_directories(o.out_dir);
@@ -104,6 +105,9 @@ void add_plan(CLI::App& app) {
   number(sub, "--max-vpp", o->max_vpp, "largest virtual pipeline size searched", 1, 64);
   sub->add_flag("--no-heuristic-compare", o->no_compare,
                 "skip the recursive_programming comparison");
+  sub->add_flag("--deterministic", o->deterministic,
+                "price rank-ordered collectives (cocemu's deterministic mode) instead of "
+                "NCCL/HCCL's algorithms");
   sub->add_option("--out-dir", o->out_dir, "where the winner's files go")->capture_default_str();
   sub->add_option("--json", o->json, "write candidates[], pruned, best as JSON");
   sub->callback([o] { run(*o); });

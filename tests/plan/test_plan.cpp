@@ -236,6 +236,34 @@ TEST(PlanCli, WinnerReproducesInTrain) {
   EXPECT_EQ(t["layout"].get<std::string>(), j["best"]["layout"].get<std::string>());
   // train composes emulated parts, plan priced ones: they agree within the part model's error.
   EXPECT_NEAR(t["iteration_ns"].get<double>() / planned, 1.0, 0.01) << train;
+  // Priced with NCCL/HCCL's algorithms, and the winner's file says so to train.
+  EXPECT_FALSE(t["deterministic"].get<bool>()) << train;
+  EXPECT_NE(train.find("non-deterministic"), std::string::npos) << train;
+  // --deterministic prices rank-ordered collectives; the winner's file carries the mode, and
+  // train reproduces that price.
+  const std::string det =
+      run("plan --model llama2-7b --nodes 2 --global-batch 64 --seq 4096 "
+          "--deterministic --no-heuristic-compare --out-dir " +
+              dir + "/det --json " + dir + "/det.json",
+          &status);
+  ASSERT_EQ(status, 0) << det;
+  std::ifstream detin(dir + "/det.json");
+  const auto dj = nlohmann::json::parse(detin);
+  std::ifstream detyaml(dir + "/det/plan.winner.yaml");
+  const std::string det_yaml((std::istreambuf_iterator<char>(detyaml)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_NE(det_yaml.find("deterministic: true"), std::string::npos) << det_yaml;
+  const std::string det_train =
+      run("train --config " + dir + "/det/plan.winner.yaml --dry-run --engine model --out-dir " +
+              dir + "/dettrain --json " + dir + "/dettrain.json",
+          &status);
+  ASSERT_EQ(status, 0) << det_train;
+  std::ifstream dttin(dir + "/dettrain.json");
+  const auto dtt = nlohmann::json::parse(dttin);
+  EXPECT_TRUE(dtt["deterministic"].get<bool>()) << det_train;
+  EXPECT_NEAR(dtt["iteration_ns"].get<double>() / dj["best"]["iteration_ns"].get<double>(), 1.0,
+              0.01)
+      << det_train;
   // dynamic_programming: an uneven partition reproduces too (train's stage_layers).
   const std::string dp =
       run("plan --model bloom-176b --nodes 14 --global-batch 112 "

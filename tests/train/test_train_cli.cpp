@@ -294,6 +294,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     bool dist;
     int cp = 1;
     std::string cp_algo = "megatron_cp_algo";
+    bool deterministic = true;
   };
   using layers::train::PipelineSchedule;
   using layers::train::Recompute;
@@ -305,9 +306,15 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
                      C{2, 4, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, true},
                      C{2, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 2},
                      C{2, 1, 1, 1, PipelineSchedule::one_f_one_b, Recompute::selective, false, 4,
-                       "ulysses_cp_algo"}}) {
+                       "ulysses_cp_algo"},
+                     // Two nodes, NCCL/HCCL's algorithms: the dp group's reduce-scatter and
+                     // all-gather run on multi-channel rings across the nodes.
+                     C{2, 8, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, true, 1,
+                       "megatron_cp_algo", false}}) {
     TrainSetup s;
     s.dry_run = true;
+    s.deterministic = c.deterministic;
+    s.nodes = std::max(1, c.tp * c.dp * c.pp * c.cp / 8);
     s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
     auto& o = s.options;
     o.model = m;
@@ -326,12 +333,22 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     WorldOptions w;
     w.profile = s.profile;
     w.numerics = false;
+    w.deterministic = c.deterministic;
     const auto emulated = report_from_run(s, layers::train::train(o, w));
     const auto modeled = model_step(s);
     const double ratio = double(modeled.iteration_ns) / double(emulated.iteration_ns);
     EXPECT_NEAR(ratio, 1.0, 0.10) << o.layout.describe() << ": step model " << modeled.iteration_ns
                                   << " ns, emulated " << emulated.iteration_ns << " ns";
     EXPECT_NEAR(modeled.bubble_fraction, emulated.bubble_fraction, 0.06) << o.layout.describe();
+    EXPECT_EQ(modeled.deterministic, c.deterministic);
+    EXPECT_EQ(emulated.deterministic, c.deterministic);
+    if (!c.deterministic) {
+      // Rank-ordered sums cost more across nodes: one chain (or a direct exchange) carries
+      // every byte through each node's NIC, the rings share the node's NICs.
+      s.deterministic = true;
+      EXPECT_GT(model_step(s).exposed_comm_ns.at("DP"), 1.5 * modeled.exposed_comm_ns.at("DP"))
+          << o.layout.describe();
+    }
   }
 }
 

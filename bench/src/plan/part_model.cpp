@@ -78,7 +78,7 @@ class Pricer {
   }
   double coll(CollOp op, std::int64_t count, double size_bytes, DType t) const {
     return model_collective(p_, op, tp_members_, count, t, std::uint64_t(size_bytes),
-                            Algorithm::automatic, true)
+                            Algorithm::automatic, s_.deterministic)
         .cost.total_ns;
   }
   double overlapped(double compute_ns, double comm_ns) const {
@@ -136,7 +136,7 @@ class Pricer {
     return 1;
   }
   layers::FusedOptions fused(const LinearOptions& o) const {
-    return {o.tile_rows, o.tiles_per_step, true, ""};
+    return {o.tile_rows, o.tiles_per_step, s_.deterministic, ""};
   }
 
   /// linear.cpp's soc_prepare: the copy or pad op it adds and how the chunk GEMMs change.
@@ -329,7 +329,7 @@ class Pricer {
       auto a2a = [&](std::int64_t width) {
         const std::int64_t n = tokens_ * width;
         return model_collective(p_, CollOp::all_to_all, cp_members_, n / cp, l_.dtype,
-                                std::uint64_t(n * e_), Algorithm::automatic, true)
+                                std::uint64_t(n * e_), Algorithm::automatic, s_.deterministic)
             .cost.total_ns;
       };
       const double comm_ns = 2 * a2a(hl) + 2 * a2a(kvl);

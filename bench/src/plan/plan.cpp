@@ -84,6 +84,7 @@ class Evaluator {
     s.profile = r_.profile;
     s.nodes = r_.nodes;
     s.dry_run = true;
+    s.deterministic = r_.deterministic;
     s.options.model = r_.model;
     s.options.layout = l;
     s.options.linear = layers::options_for(plan_coc_config(), layers::Strategy::serial, 1);
@@ -686,6 +687,9 @@ std::string winner_yaml(const PlanResult& r) {
       "  dtype: {}\n",
       r.request.model_name, r.request.profile_name, r.request.nodes, r.request.model.seq,
       name_of(l.dtype));
+  s += fmt::format("  deterministic: {}  # {}\n", r.request.deterministic,
+                   r.request.deterministic ? "rank-ordered collectives"
+                                           : "NCCL/HCCL's collective algorithms, as priced");
   if (l.tp > 1) s += "  coc_config: plan.coc.yaml  # customized_coc per GEMM shape\n";
   if (!l.stage_layers.empty()) {
     s += "  stage_layers: [";

@@ -119,6 +119,7 @@ TrainSettings parse_train_config(const std::string& text, const std::string& ori
     }
     read(t, "seq_length", s.seq_length,
          [&] { return t.integer("seq_length", 1, std::int64_t(1) << 24); });
+    read(t, "deterministic", s.deterministic, [&] { return t.boolean("deterministic"); });
     read(t, "iterations", s.iterations, [&] { return t.integer("iterations", 1, 1000); });
     read(t, "global_batch_size", s.global_batch_size,
          [&] { return t.integer("global_batch_size", 1, std::int64_t(1) << 30); });
@@ -172,6 +173,7 @@ TrainSettings merge_settings(const TrainSettings& f, const TrainSettings& y) {
   take(s.sequence_parallel, f.sequence_parallel, y.sequence_parallel);
   take(s.distributed_optimizer, f.distributed_optimizer, y.distributed_optimizer);
   take(s.gradients_mean, f.gradients_mean, y.gradients_mean);
+  take(s.deterministic, f.deterministic, y.deterministic);
   return s;
 }
 
@@ -304,6 +306,7 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
     setup.coc_name = s.coc.value.value_or("serial");
   }
   o.iterations = int(s.iterations.value.value_or(3));
+  setup.deterministic = s.deterministic.value.value_or(true);
   (void)layers::train::check_layout(o.model, l, int(world));
   return setup;
 }

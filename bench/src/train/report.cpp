@@ -35,6 +35,7 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
   rep.profile = setup.profile ? setup.profile->name : run.profile->name;
   rep.source = "emulated";
   rep.dry_run = !run.numerics;
+  rep.deterministic = setup.deterministic;
   rep.world = l.world();
   rep.nodes = setup.nodes;
   rep.loss = r.loss;
@@ -122,6 +123,7 @@ nlohmann::json to_json(const TrainReport& r) {
   j["profile"] = r.profile;
   j["source"] = r.source;
   j["dry_run"] = r.dry_run;
+  j["deterministic"] = r.deterministic;
   if (r.dry_run) j["note"] = "dry run: shapes only, no numerics (modeled times and memory only)";
   j["world"] = r.world;
   j["nodes"] = r.nodes;
@@ -156,6 +158,11 @@ std::string format_report(const TrainReport& r) {
                                                      ? "emulated ranks (modeled timeline)"
                                                      : "step model (one layer emulated, "
                                                        "pipeline and data parallel composed)");
+  out += fmt::format("  collectives       {}\n",
+                     r.deterministic ? "deterministic: rank-ordered sums and the algorithms that "
+                                       "keep them (--nondeterministic: NCCL/HCCL's)"
+                                     : "non-deterministic: NCCL/HCCL's algorithms (multi-channel "
+                                       "rings, hierarchical all_reduce)");
   out += fmt::format("  iteration         {:.3f} ms\n", double(r.iteration_ns) / 1e6);
   out += fmt::format("  tokens/s          {:.0f}\n", r.tokens_per_s);
   out += fmt::format("  model TFLOP/s     {:.3g} per device, MFU {:.3g}%\n", r.tflops_per_device,

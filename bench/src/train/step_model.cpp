@@ -43,6 +43,7 @@ StepParts emulate_parts(const TrainSetup& setup) {
   WorldOptions w;
   w.profile = setup.profile;
   w.numerics = false;
+  w.deterministic = setup.deterministic;
   const auto r = layers::train::train(o, w);
   const auto& ops = r.run.graph.ranks[0].ops;
   const auto& times = r.run.timeline.rank(0);
@@ -121,6 +122,7 @@ struct CollectiveKey {
   int first, stride, size;
   std::int64_t count;
   std::uint64_t bytes;
+  bool deterministic;
   bool operator==(const CollectiveKey&) const = default;
 };
 struct CollectiveKeyHash {
@@ -128,7 +130,7 @@ struct CollectiveKeyHash {
     std::size_t h = std::hash<std::int64_t>()(k.count);
     for (const std::uint64_t v :
          {std::uint64_t(k.op), std::uint64_t(k.dtype), std::uint64_t(k.first),
-          std::uint64_t(k.stride), std::uint64_t(k.size), k.bytes})
+          std::uint64_t(k.stride), std::uint64_t(k.size), k.bytes, std::uint64_t(k.deterministic)})
       h = h * 1000003u ^ std::hash<std::uint64_t>()(v);
     return h;
   }
@@ -163,8 +165,8 @@ std::size_t StepMemo::size() const {
 }
 
 double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
-                       std::uint64_t bytes) {
-  const CollectiveKey key{op, dtype, first, stride, size, count, bytes};
+                       std::uint64_t bytes, bool deterministic) {
+  const CollectiveKey key{op, dtype, first, stride, size, count, bytes, deterministic};
   {
     tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::const_accessor a;
     if (impl_->prices.find(a, key)) return a->second;
@@ -172,9 +174,9 @@ double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t 
   std::vector<int> members(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i)
     members[std::size_t(i)] = first + i * stride;
-  const double ns =
-      model_collective(*profile_, op, members, count, dtype, bytes, Algorithm::automatic, true)
-          .cost.total_ns;
+  const double ns = model_collective(*profile_, op, members, count, dtype, bytes,
+                                     Algorithm::automatic, deterministic)
+                        .cost.total_ns;
   impl_->prices.insert({key, ns});
   return ns;
 }
@@ -184,6 +186,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   const auto& o = setup.options;
   const TrainLayout& l = o.layout;
   const DeviceProfile& prof = *setup.profile;
+  const bool det = setup.deterministic;
   TrainReport rep;
   rep.warnings = layers::train::check_layout(o.model, l, l.world()).warnings;
   rep.model = o.model.name;
@@ -191,6 +194,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   rep.profile = prof.name;
   rep.source = "step model";
   rep.dry_run = true;
+  rep.deterministic = setup.deterministic;
   rep.world = l.world();
   rep.nodes = setup.nodes;
   prof.check_world(rep.world);
@@ -324,8 +328,8 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     for (int i = 0; i < dpc; ++i)
       dp_members[std::size_t(i)] = l.tp * i + per_stage * s;
     auto dp_price = [&](CollOp op, std::int64_t count, DType t, std::uint64_t bytes) {
-      if (memo) return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes);
-      return model_collective(prof, op, dp_members, count, t, bytes, Algorithm::automatic, true)
+      if (memo) return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes, det);
+      return model_collective(prof, op, dp_members, count, t, bytes, Algorithm::automatic, det)
           .cost.total_ns;
     };
     // (ready time, elements) of every parameter.
@@ -404,14 +408,14 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   const DType norm_t = l.dtype == DType::f64 ? DType::f64 : DType::f32;
   double norm_ns = 0;
   if (memo) {
-    norm_ns =
-        memo->price(CollOp::all_reduce, 0, 1, rep.world, 1, norm_t, std::uint64_t(grad_bytes_each));
+    norm_ns = memo->price(CollOp::all_reduce, 0, 1, rep.world, 1, norm_t,
+                          std::uint64_t(grad_bytes_each), det);
   } else {
     std::vector<int> everyone(static_cast<std::size_t>(rep.world));
     for (int r = 0; r < rep.world; ++r)
       everyone[std::size_t(r)] = r;
     norm_ns = model_collective(prof, CollOp::all_reduce, everyone, 1, norm_t,
-                               std::uint64_t(grad_bytes_each), Algorithm::automatic, true)
+                               std::uint64_t(grad_bytes_each), Algorithm::automatic, det)
                   .cost.total_ns;
   }
   const double sync = *std::max_element(stage_end.begin(), stage_end.end()) + norm_ns;

@@ -51,6 +51,9 @@ struct PlanQuery {
   int max_vpp = 4;
   /// Also run the heuristic and report how its best compares (exhaustive modes).
   bool compare_heuristic = true;
+  /// Price rank-ordered collectives (cocemu's deterministic mode) instead of NCCL/HCCL's
+  /// algorithms, which a cluster runs by default.
+  bool deterministic = false;
 };
 
 /// One evaluated candidate.

@@ -36,7 +36,7 @@ class StepMemo {
   StepMemo& operator=(const StepMemo&) = delete;
   /// model_collective(...).cost.total_ns for a group whose world ranks are first + i·stride.
   double price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
-               std::uint64_t bytes);
+               std::uint64_t bytes, bool deterministic);
   /// pipeline_actions(schedule, pp, vpp, m, stage), computed once.
   const std::vector<layers::train::PipelineAction>& actions(layers::train::PipelineSchedule s,
                                                             int pp, int vpp, int m, int stage);
@@ -51,7 +51,7 @@ class StepMemo {
 /// The step from given parts (emulated, or priced by part_model.h): the schedule replay, the DP
 /// reductions and the optimizer, as above. `memo` (optional) must be on setup's profile;
 /// without `record_pipeline` the report's pipeline picture stays empty (searches).
-TrainReport replay_step(const TrainSetup& setup, const StepParts& parts,
-                        StepMemo* memo = nullptr, bool record_pipeline = true);
+TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo = nullptr,
+                        bool record_pipeline = true);
 
 }  // namespace cocemu::bench

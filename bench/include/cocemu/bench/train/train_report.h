@@ -24,6 +24,10 @@ struct TrainSetup {
   bool dry_run = false;
   std::string model_source;  ///< the model config's path, or "built-in tiny"
   std::string coc_name = "serial";
+  /// Collectives sum in rank order (R-CO-5) and are priced with the algorithms that do (direct,
+  /// chain); false: NCCL's and HCCL's algorithms (multi-channel rings, hierarchical all_reduce),
+  /// as a cluster runs them by default.
+  bool deterministic = true;
 };
 
 struct MemoryTerm {
@@ -93,6 +97,7 @@ struct PipelineBlockTime {
 struct TrainReport {
   std::string model, layout, profile, source;  ///< source: "emulated" or "step model"
   bool dry_run = false;
+  bool deterministic = true;  ///< the collectives' mode (TrainSetup::deterministic)
   int world = 0, nodes = 1;
   std::int64_t iteration_ns = 0;
   double tokens_per_s = 0, tflops_per_device = 0, mfu = 0;

@@ -48,7 +48,10 @@ SymmetricBuffer SymmetricBuffer::allocate(Rank& rank, const std::vector<int>& te
     s->bytes = bytes;
     s->n_flags = n_flags;
     for (std::size_t i = 0; i < team.size(); ++i) {
-      s->memory.push_back(Tensor::zeros({std::int64_t(bytes)}, DType::i8));
+      // A dry run runs no kernel body, so nothing reads or writes the memory: no storage
+      // (zeroing a fused kernel's tile slots at full size dominated dry runs' time).
+      s->memory.push_back(rank.numerics() ? Tensor::zeros({std::int64_t(bytes)}, DType::i8)
+                                          : Tensor::shape_only({std::int64_t(bytes)}, DType::i8));
       s->flags.emplace_back(new Counter[std::size_t(n_flags ? n_flags : 1)]);
     }
     return s;

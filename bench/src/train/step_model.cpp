@@ -110,7 +110,8 @@ double p2p_ns(const DeviceProfile& p, double bytes, int a, int b) {
 }  // namespace
 
 TrainReport model_step(const TrainSetup& setup) {
-  return replay_step(setup, emulate_parts(setup));
+  StepMemo memo(setup.profile);  // buckets of one size share their collective's price
+  return replay_step(setup, emulate_parts(setup), &memo);
 }
 
 namespace {

@@ -27,7 +27,8 @@ class SymmetricBuffer {
   SymmetricBuffer() = default;
   /// Collective over `team` (world ranks; every member passes the same list, in the same order of
   /// calls): returns this rank's handle on `bytes` bytes per member plus `n_flags` flag slots per
-  /// member, zero-initialised.
+  /// member, zero-initialised. Without numerics (dry runs) the memory has no storage: local()
+  /// and peer() return nullptr, and only op bodies, which dry runs skip, may use them.
   static SymmetricBuffer allocate(Rank& rank, const std::vector<int>& team, std::size_t bytes,
                                   int n_flags);
 

@@ -27,7 +27,8 @@ struct TrainOpts {
   std::int64_t tp = 0, cp = 0, pp = 0, dp = 0, vstage = 0, nodes = 0, iterations = 0, mbs = 0,
                gbs = 0, bucket_params = 0;
   double bucket_mb = 0;
-  bool sp = false, no_sp = false, dist_opt = false, nondeterministic = false;
+  bool sp = false, no_sp = false, dist_opt = false, nondeterministic = false,
+       overlap_param_gather = false;
 };
 
 /// The largest world the emulator runs rank by rank; larger ones go to the step model.
@@ -117,6 +118,9 @@ void add_train(CLI::App& app) {
                        std::int64_t(1) << 30);
   sub->add_flag("--use-distributed-optimizer", o->dist_opt,
                 "shard master weights and Adam state over dp (reduce-scatter, all-gather)");
+  sub->add_flag("--overlap-param-gather", o->overlap_param_gather,
+                "the distributed optimizer's parameter all-gathers overlap the next forward "
+                "(each bucket waited where the forward first reads it)");
   sub->add_option("--recompute-granularity", o->recompute_granularity, "full or selective");
   sub->add_flag("--sequence-parallel", o->sp, "sequence parallelism (default with tp > 1)");
   sub->add_flag("--no-sequence-parallel", o->no_sp, "no sequence parallelism");
@@ -168,6 +172,7 @@ void add_train(CLI::App& app) {
     if (given("--micro-batch-size")) f.micro_batch_size.set(o->mbs, "--micro-batch-size");
     if (given("--global-batch-size")) f.global_batch_size.set(o->gbs, "--global-batch-size");
     if (o->dist_opt) f.distributed_optimizer.set(true, "--use-distributed-optimizer");
+    if (o->overlap_param_gather) f.overlap_param_gather.set(true, "--overlap-param-gather");
     if (given("--recompute-granularity"))
       f.recompute.set(o->recompute_granularity, "--recompute-granularity");
     COCEMU_CHECK_ARG(!(o->sp && o->no_sp),

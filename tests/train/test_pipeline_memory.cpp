@@ -9,6 +9,7 @@
 #include "cocemu/layers/train/pipeline.h"
 #include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/error.h"
+#include "testing.h"
 
 namespace cocemu::layers::train {
 namespace {
@@ -126,6 +127,58 @@ TEST(Pipeline, GradientReductionsOverlapTheBackwardOnlyWhenAsked) {
     else
       EXPECT_GE(first_reduction, last_backward);
   }
+}
+
+// --overlap-param-gather: the distributed optimizer's parameter all-gathers of iteration 1 run
+// beside iteration 2's forward (which waits for each bucket where it first reads it); off, they
+// all end before that forward starts. Overlapped, the iteration is not longer.
+TEST(Pipeline, ParameterGathersOverlapTheNextForwardOnlyWhenAsked) {
+  std::int64_t iteration_ns[2] = {0, 0};
+  for (const bool overlap : {true, false}) {
+    layers::train::TrainOptions o;
+    o.layout.tp = 2;
+    o.layout.dp = 4;
+    o.layout.micro_batch_size = 2;
+    o.layout.global_batch_size = 16;
+    o.layout.bucket_params = 2;
+    o.layout.distributed_optimizer = true;
+    o.layout.overlap_param_gather = overlap;
+    o.model = gpt(2048, 16, 1024, 4);  // gathers long enough to see beside the launches
+    o.iterations = 2;
+    WorldOptions w;
+    w.numerics = false;
+    const auto r = layers::train::train(o, w);
+    const auto& ops = r.run.graph.ranks[0].ops;
+    const auto& lanes = r.run.graph.ranks[0].lane_names;
+    const auto& t = r.run.timeline.rank(0);
+    const std::uint32_t second = r.iteration_first_op[0][1];
+    std::int64_t last_gather = 0, first_forward = INT64_MAX, start = INT64_MAX, end = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (i >= second && ops[i].cls != OpClass::host) {
+        start = std::min(start, t[i].start_ns);
+        end = std::max(end, t[i].end_ns);
+      }
+      const std::string& lane = lanes[std::size_t(ops[i].lane)];
+      if (lane == "dp comm" && ops[i].name.find("param bucket") != std::string::npos && i < second)
+        last_gather = std::max(last_gather, t[i].end_ns);
+      if (i >= second && ops[i].cls == OpClass::compute &&
+          ops[i].name.find("embedding") != std::string::npos)
+        first_forward = std::min(first_forward, t[i].start_ns);
+    }
+    ASSERT_GT(last_gather, 0);
+    ASSERT_LT(first_forward, INT64_MAX);
+    if (overlap)
+      EXPECT_LT(first_forward, last_gather);
+    else
+      EXPECT_GE(first_forward, last_gather);
+    iteration_ns[overlap ? 0 : 1] = end - start;
+  }
+  EXPECT_LE(iteration_ns[0], iteration_ns[1]);
+  // Megatron's rule: only with the distributed optimizer.
+  layers::train::TrainOptions bad;
+  bad.layout.overlap_param_gather = true;
+  testing::expect_error([&] { layers::train::train(bad, {}); }, Errc::invalid_argument,
+                        {"overlap_param_gather", "distributed optimizer"});
 }
 
 TEST(Memory, LayerActivationsMatchKorthikantiClosedForms) {

@@ -124,6 +124,14 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.distributed_optimizer = true;
     o.layout.bucket_mb = 1000;
   });
+  add("pp2 interleaved dist-opt, param all-gathers overlap the forward", [](TrainOptions& o) {
+    o.layout.pp = 2;
+    o.layout.vpp = 2;
+    o.layout.schedule = PipelineSchedule::interleaved;
+    o.layout.distributed_optimizer = true;
+    o.layout.overlap_param_gather = true;
+    o.layout.bucket_params = 2;
+  });
   add("bucket per parameter", [](TrainOptions& o) { o.layout.bucket_params = 1; });
   add("reductions after the backward", [](TrainOptions& o) {
     o.layout.bucket_params = 2;
@@ -191,6 +199,10 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
              o.linear.strategy = Strategy::fused;
              o.linear.tile_rows = 8;
              o.layout.recompute = Recompute::full;
+           },
+           [](TrainOptions& o) {
+             o.layout.distributed_optimizer = true;
+             o.layout.overlap_param_gather = true;
            }}) {
     TrainOptions o = copies;
     edit(o);

@@ -295,6 +295,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     int cp = 1;
     std::string cp_algo = "megatron_cp_algo";
     bool deterministic = true;
+    bool overlap_param_gather = false;
   };
   using layers::train::PipelineSchedule;
   using layers::train::Recompute;
@@ -310,7 +311,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
                      // Two nodes, NCCL/HCCL's algorithms: the dp group's reduce-scatter and
                      // all-gather run on multi-channel rings across the nodes.
                      C{2, 8, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, true, 1,
-                       "megatron_cp_algo", false}}) {
+                       "megatron_cp_algo", false},
+                     // The parameter all-gathers beside the next iteration's forward.
+                     C{2, 2, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, true, 1,
+                       "megatron_cp_algo", true, true}}) {
     TrainSetup s;
     s.dry_run = true;
     s.deterministic = c.deterministic;
@@ -325,6 +329,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     o.layout.schedule = c.s;
     o.layout.recompute = c.r;
     o.layout.distributed_optimizer = c.dist;
+    o.layout.overlap_param_gather = c.overlap_param_gather;
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
     o.layout.micro_batch_size = 1;

@@ -111,7 +111,10 @@ class Evaluator {
   PlanCandidate evaluate(const TrainLayout& l) {
     PlanCandidate c;
     c.layout = l;
-    TrainSetup s = setup_for(l);
+    // With the distributed optimizer the parameter all-gathers overlap the next forward
+    // (Megatron's --overlap-param-gather): never slower in the model, so not a dimension.
+    c.layout.overlap_param_gather = l.distributed_optimizer;
+    TrainSetup s = setup_for(c.layout);
     const auto e = parts(s);
     c.customized_coc = e->tuned;
     c.report = replay_step(s, e->parts, &collectives_, false);
@@ -687,6 +690,7 @@ std::string winner_yaml(const PlanResult& r) {
       "  dtype: {}\n",
       r.request.model_name, r.request.profile_name, r.request.nodes, r.request.model.seq,
       name_of(l.dtype));
+  if (l.overlap_param_gather) s += "  overlap_param_gather: true\n";
   s += fmt::format("  deterministic: {}  # {}\n", r.request.deterministic,
                    r.request.deterministic ? "rank-ordered collectives"
                                            : "NCCL/HCCL's collective algorithms, as priced");
@@ -711,7 +715,8 @@ std::string winner_flags(const PlanResult& r) {
     s += fmt::format(" --num-layers-per-virtual-pipeline-stage {}",
                      r.request.model.num_layers / (l.pp * l.vpp));
   if (l.sequence_parallel) s += " --sequence-parallel";
-  if (l.distributed_optimizer) s += " --use-distributed-optimizer";
+  s += " --overlap-grad-reduce";
+  if (l.distributed_optimizer) s += " --use-distributed-optimizer --overlap-param-gather";
   if (l.recompute == Recompute::selective) s += " --recompute-activations";
   if (l.recompute == Recompute::full)
     s += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";

@@ -395,9 +395,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
         forward += duration(s, {true, 0, c});
       double compute_after = forward;
       const double gathered = contended(0, gather_ns, compute_after, prof.contention);
-      exposed_dp[std::size_t(s)] -= gather_ns;
-      gather_ns = std::max(gathered, compute_after) - forward;
-      exposed_dp[std::size_t(s)] += gather_ns;
+      gather_ns = std::max(gathered, compute_after) - forward;  // exposed below, once
     }
     const double adam_bytes = owned * (7 * grad_bytes_each + double(size_of(l.dtype)));
     const double all_params = stage_parameters(o.model, l, s);

@@ -50,10 +50,10 @@ Recompute parse_recompute(const std::string& name) {
 
 std::string TrainLayout::describe() const {
   return fmt::format(
-      "tp{} cp{} dp{} pp{}{} mbs{} gbs{} {}{}{}{}", tp, cp, dp, pp,
+      "tp{} cp{} dp{} pp{}{} mbs{} gbs{} {}{}{}{}{}", tp, cp, dp, pp,
       vpp > 1 ? fmt::format(" vpp{}", vpp) : "", micro_batch_size, global_batch_size,
       to_string(schedule), sequence_parallel && tp > 1 ? " sp" : "",
-      distributed_optimizer ? " dist-opt" : "",
+      distributed_optimizer ? " dist-opt" : "", overlap_param_gather ? " overlap-param-gather" : "",
       recompute != Recompute::none ? fmt::format(" recompute-{}", to_string(recompute)) : "");
 }
 
@@ -68,6 +68,9 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
                    "data_parallel {} × model_parallel {} × context_parallel {} × pipeline_stage "
                    "{} = {} must equal the number of devices, {}",
                    l.dp, l.tp, l.cp, l.pp, std::int64_t(l.tp) * l.cp * l.dp * l.pp, world_size);
+  COCEMU_CHECK_ARG(!l.overlap_param_gather || l.distributed_optimizer,
+                   "overlap_param_gather needs the distributed optimizer (Megatron: "
+                   "--overlap-param-gather only with --use-distributed-optimizer)");
   COCEMU_CHECK_ARG(l.micro_batch_size >= 1 && l.global_batch_size >= 1,
                    "micro batch size {} and global batch size {} must be ≥ 1", l.micro_batch_size,
                    l.global_batch_size);

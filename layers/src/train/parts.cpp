@@ -177,7 +177,7 @@ Tensor VocabLoss::backward(const std::shared_ptr<Saved>& s, double scale, const 
 
 ParamBuffers::ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp,
                            int dp_rank, bool sharded, int bucket_params, double bucket_mb,
-                           bool overlap)
+                           bool overlap, bool overlap_gather)
     : rank_(rank),
       slots_(std::move(slots)),
       dtype_(dtype),
@@ -185,7 +185,8 @@ ParamBuffers::ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype
       dp_(dp),
       dp_rank_(dp_rank),
       sharded_(sharded),
-      overlap_(overlap) {
+      overlap_(overlap),
+      overlap_gather_(overlap_gather && sharded) {
   // Buckets in slot order (the order the backward finalizes gradients), each closed when it
   // holds `bucket_params` parameters or `bucket_mb` of gradients; padded to a multiple of dp
   // when the optimizer is sharded (Megatron pads its buckets the same way).
@@ -324,10 +325,26 @@ void ParamBuffers::update(Group& dp, int step, const Adam& a, double grad_scale)
                     set(p, i, at(master, i));
                   }
                 });
-    if (sharded_)
+    if (sharded_ && !overlap_gather_)
       all_gather(dp, params_.flat(b.offset, b.offset + b.numel), p,
                  {.label = fmt::format("param bucket {}", int(&b - buckets_.data()))});
   }
+  if (!overlap_gather_) return;
+  // Megatron's --overlap-param-gather: the all-gathers go out in the order the next forward
+  // reads the buckets (buckets are in backward order), on the DP stream after the update.
+  gathers_.assign(buckets_.size(), Work{});
+  for (std::size_t k = buckets_.size(); k-- > 0;) {
+    const Bucket& b = buckets_[k];
+    const std::int64_t s0 = b.state_offset, n = owned_numel(b);
+    gathers_[k] =
+        all_gather(dp, params_.flat(b.offset, b.offset + b.numel), param_shard_.flat(s0, s0 + n),
+                   {.async_op = true, .label = fmt::format("param bucket {}", k)});
+  }
+}
+
+void ParamBuffers::wait_params(int i) const {
+  if (gathers_.empty()) return;
+  gathers_[std::size_t(bucket_of_[std::size_t(i)])].wait();
 }
 
 }  // namespace cocemu::layers::train::detail

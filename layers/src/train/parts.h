@@ -86,8 +86,12 @@ class ParamBuffers {
  public:
   /// `overlap` (Megatron's --overlap-grad-reduce): a bucket's reduction launches as soon as its
   /// last gradient is final; else all of them launch after the backward (Megatron's default).
+  /// `overlap_gather` (--overlap-param-gather, sharded only): the parameter all-gathers launch
+  /// after the whole update, in forward order, and the next forward waits for each bucket where
+  /// it first reads it (wait_params); else each bucket's all-gather follows its update in order.
   ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp, int dp_rank,
-               bool sharded, int bucket_params, double bucket_mb, bool overlap = true);
+               bool sharded, int bucket_params, double bucket_mb, bool overlap = true,
+               bool overlap_gather = false);
   Tensor param(int i) const;
   Tensor grad(int i) const;
   const std::vector<ParamSlot>& slots() const { return slots_; }
@@ -105,6 +109,9 @@ class ParamBuffers {
   /// Adam (step `step`, from 1) on the owned part, the reduced gradients times `grad_scale`
   /// (1/dp with gradients_mean); with sharding, all-gathers the parameters.
   void update(Group& dp, int step, const Adam& adam, double grad_scale);
+  /// The current stream waits for the all-gather of parameter i's bucket, if the last update
+  /// launched one to overlap the forward (overlap_gather); the host does not block.
+  void wait_params(int i) const;
   /// Master weights from the parameters (once their values have been bound in).
   void init_master();
   /// The parameters' values (for reports and tests).
@@ -121,7 +128,8 @@ class ParamBuffers {
   DType dtype_, grad_dtype_;
   int dp_, dp_rank_;
   bool sharded_;
-  bool overlap_;
+  bool overlap_, overlap_gather_;
+  std::vector<Work> gathers_;  ///< per bucket: its parameter all-gather (overlap_gather)
   std::vector<std::pair<int, Group*>> deferred_;  ///< buckets ready, launched after the backward
   void launch_reduction(int bucket, Group& dp);
   Tensor params_, grads_;

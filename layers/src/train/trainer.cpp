@@ -302,6 +302,7 @@ class StageRunner {
         copy.loss =
             std::make_unique<detail::VocabLoss>(copy.tp, shard, vl * mesh_.tp_rank, sp, l_.dtype);
       }
+      lm_head_slot_ = int(slots.size());
       add("lm_head", Shape{vl, md.hidden}, [this](int c, const Tensor& w, const Tensor& g) {
         copies_[std::size_t(c)].loss->head().bind(w, g);
       });
@@ -354,7 +355,7 @@ class StageRunner {
     }
     buffers_ = std::make_unique<detail::ParamBuffers>(
         rank_, std::move(slots), l_.dtype, dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
-        l_.bucket_params, l_.bucket_mb, l_.overlap_grad_reduce);
+        l_.bucket_params, l_.bucket_mb, l_.overlap_grad_reduce, l_.overlap_param_gather);
     for (int i = 0; i < int(binds.size()); ++i) {
       binds[std::size_t(i)][0](buffers_->param(i), buffers_->grad(i));
       for (int c = 1; c < copies(); ++c) {
@@ -399,6 +400,7 @@ class StageRunner {
     for (int c = 0; c < n; ++c)
       on_copy(c, [&] {
         if (first_stage_chunk(a.chunk)) {
+          if (a.micro_batch == 0) buffers_->wait_params(embedding_slot_);
           x[std::size_t(c)] = piece("embedding fwd", [&] {
             return copies_[std::size_t(c)].embedding->forward(batch(a.micro_batch, c), rows());
           });
@@ -414,6 +416,9 @@ class StageRunner {
           on_copy(c, [&] {
             auto& entry = copies_[std::size_t(c)].chunks[std::size_t(a.chunk)][li];
             const Key key{a.micro_batch, a.chunk, c, entry.index};
+            if (a.micro_batch == 0)  // the chunk's first forward: its parameters' all-gathers
+              for (int p = 0; p < 4; ++p)
+                buffers_->wait_params(copies_[0].chunks[std::size_t(a.chunk)][li].first_slot + p);
             Tensor y = entry.layer->forward(x[std::size_t(c)], o_.linear);
             if (l_.recompute == Recompute::full) {
               inputs_[key] = x[std::size_t(c)];  // the layer's input is all it keeps
@@ -433,6 +438,7 @@ class StageRunner {
             out_.loss[std::size_t(iteration)][std::size_t(dp_cp_.rank() * n + c)]
                      [std::size_t(a.micro_batch)] = slot;
           }
+          if (a.micro_batch == 0) buffers_->wait_params(lm_head_slot_);
           loss_saved_[{a.micro_batch, c}] = piece("loss fwd", [&] {
             return copies_[std::size_t(c)].loss->forward(x[std::size_t(c)], batch(a.micro_batch, c),
                                                          o_.linear, slot);
@@ -564,7 +570,7 @@ class StageRunner {
   TransformerConfig layer_config_;
   std::vector<Copy> copies_;
   std::unique_ptr<detail::ParamBuffers> buffers_;
-  int embedding_slot_ = -1;
+  int embedding_slot_ = -1, lm_head_slot_ = -1;
   std::map<Key, std::shared_ptr<TransformerLayer::Context>> contexts_;
   std::map<Key, Tensor> inputs_;
   std::map<std::pair<int, int>, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
@@ -589,10 +595,6 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
                                   .seq = o.model.seq,
                                   .head_dim = o.model.hidden / o.model.heads,
                                   .dtype = l.dtype});
-  COCEMU_CHECK_ARG(!l.overlap_param_gather,
-                   "overlap_param_gather: the emulated step gathers the parameters after the "
-                   "optimizer step; overlapping them with the next forward is priced by the step "
-                   "model only (cocemu train --engine model)");
   COCEMU_CHECK_ARG(l.micro_batch_interleave == 1 || l.cp == 1,
                    "micro_batch_interleave_num {} with context parallel {} is not supported",
                    l.micro_batch_interleave, l.cp);

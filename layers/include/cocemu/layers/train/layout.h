@@ -57,8 +57,8 @@ struct TrainLayout {
   bool use_cp_send_recv_overlap = false;
   /// Megatron's --overlap-grad-reduce (a bucket's DP reduction starts as soon as its last
   /// gradient is final; off: all reductions after the backward) and --overlap-param-gather (the
-  /// distributed optimizer's parameter all-gather overlaps the next iteration's forward; priced
-  /// by the step model only).
+  /// distributed optimizer's parameter all-gathers go out after the update and the next
+  /// iteration's forward waits for each bucket where it first reads it).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
   Strategy coc = Strategy::serial;  ///< CoC strategy of the TP linears

@@ -167,6 +167,8 @@ std::size_t StepMemo::size() const {
 
 double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
                        std::uint64_t bytes, bool deterministic) {
+  // A group shifted by whole nodes crosses the same links: its price is the same.
+  first %= profile_->topology.devices_per_node;
   const CollectiveKey key{op, dtype, first, stride, size, count, bytes, deterministic};
   {
     tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::const_accessor a;

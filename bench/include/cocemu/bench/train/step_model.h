@@ -34,7 +34,8 @@ class StepMemo {
   ~StepMemo();
   StepMemo(const StepMemo&) = delete;
   StepMemo& operator=(const StepMemo&) = delete;
-  /// model_collective(...).cost.total_ns for a group whose world ranks are first + i·stride.
+  /// model_collective(...).cost.total_ns for a group whose world ranks are first + i·stride
+  /// (keyed by first modulo the node size: a group shifted by whole nodes costs the same).
   double price(CollOp op, int first, int stride, int size, std::int64_t count, DType dtype,
                std::uint64_t bytes, bool deterministic);
   /// pipeline_actions(schedule, pp, vpp, m, stage), computed once.

@@ -207,32 +207,44 @@ std::string run(const std::string& args, int* status) {
   return out;
 }
 
+/// Runs `cocemu ARGS --json FILE` and returns the JSON it wrote (null if the run failed, which
+/// is a test failure); the command's output goes to *out.
+nlohmann::json run_json(const std::string& args, const std::string& file, std::string* out) {
+  int status = 0;
+  *out = run(args + " --json " + file, &status);
+  EXPECT_EQ(status, 0) << *out;
+  if (status != 0) return nullptr;
+  std::ifstream in(file);
+  return nlohmann::json::parse(in);
+}
+
+/// `cocemu train --config WINNER --dry-run` on a plan's winner (in `dir`), as JSON.
+nlohmann::json train_winner(const std::string& dir, const std::string& extra, std::string* out) {
+  return run_json("train --config " + dir + "/plan.winner.yaml --dry-run " + extra + " --out-dir " +
+                      dir + "/train",
+                  dir + "/train.json", out);
+}
+
 // R-PL-2: table, explanation, JSON, and a winner that `cocemu train --config` reproduces.
 TEST(PlanCli, WinnerReproducesInTrain) {
   const std::string dir = ::testing::TempDir() + "/cocemu_plan_cli";
   std::filesystem::remove_all(dir);
   int status = 0;
-  const std::string out =
-      run("plan --model llama2-7b --nodes 2 --global-batch 64 --seq 4096 "
-          "--out-dir " +
-              dir + " --json " + dir + "/plan.json",
-          &status);
-  ASSERT_EQ(status, 0) << out;
+  std::string out, train;
+  const auto j = run_json(
+      "plan --model llama2-7b --nodes 2 --global-batch 64 --seq 4096 "
+      "--out-dir " +
+          dir,
+      dir + "/plan.json", &out);
+  ASSERT_FALSE(j.is_null());
   EXPECT_NE(out.find("no numerics"), std::string::npos) << out;
   EXPECT_NE(out.find("faster per iteration than the runner-up"), std::string::npos) << out;
   EXPECT_NE(out.find("recursive_programming heuristic"), std::string::npos) << out;
-  std::ifstream in(dir + "/plan.json");
-  const auto j = nlohmann::json::parse(in);
   ASSERT_TRUE(j.contains("candidates") && j.contains("pruned") && j.contains("best"));
   EXPECT_FALSE(j["candidates"].empty());
   const double planned = j["best"]["iteration_ns"].get<double>();
-  const std::string train =
-      run("train --config " + dir + "/plan.winner.yaml --dry-run --engine model --out-dir " + dir +
-              "/train --json " + dir + "/train.json",
-          &status);
-  ASSERT_EQ(status, 0) << train;
-  std::ifstream tin(dir + "/train.json");
-  const auto t = nlohmann::json::parse(tin);
+  const auto t = train_winner(dir, "--engine model", &train);
+  ASSERT_FALSE(t.is_null());
   EXPECT_EQ(t["layout"].get<std::string>(), j["best"]["layout"].get<std::string>());
   // train composes emulated parts, plan priced ones: they agree within the part model's error.
   EXPECT_NEAR(t["iteration_ns"].get<double>() / planned, 1.0, 0.01) << train;
@@ -241,48 +253,30 @@ TEST(PlanCli, WinnerReproducesInTrain) {
   EXPECT_NE(train.find("non-deterministic"), std::string::npos) << train;
   // --deterministic prices rank-ordered collectives; the winner's file carries the mode, and
   // train reproduces that price.
-  const std::string det =
-      run("plan --model llama2-7b --nodes 2 --global-batch 64 --seq 4096 "
-          "--deterministic --no-heuristic-compare --out-dir " +
-              dir + "/det --json " + dir + "/det.json",
-          &status);
-  ASSERT_EQ(status, 0) << det;
-  std::ifstream detin(dir + "/det.json");
-  const auto dj = nlohmann::json::parse(detin);
-  std::ifstream detyaml(dir + "/det/plan.winner.yaml");
-  const std::string det_yaml((std::istreambuf_iterator<char>(detyaml)),
-                             std::istreambuf_iterator<char>());
-  EXPECT_NE(det_yaml.find("deterministic: true"), std::string::npos) << det_yaml;
-  const std::string det_train =
-      run("train --config " + dir + "/det/plan.winner.yaml --dry-run --engine model --out-dir " +
-              dir + "/dettrain --json " + dir + "/dettrain.json",
-          &status);
-  ASSERT_EQ(status, 0) << det_train;
-  std::ifstream dttin(dir + "/dettrain.json");
-  const auto dtt = nlohmann::json::parse(dttin);
-  EXPECT_TRUE(dtt["deterministic"].get<bool>()) << det_train;
-  EXPECT_NEAR(dtt["iteration_ns"].get<double>() / dj["best"]["iteration_ns"].get<double>(), 1.0,
+  const auto dj = run_json(
+      "plan --model llama2-7b --nodes 2 --global-batch 64 --seq 4096 "
+      "--deterministic --no-heuristic-compare --out-dir " +
+          dir + "/det",
+      dir + "/det.json", &out);
+  ASSERT_FALSE(dj.is_null());
+  const auto dt = train_winner(dir + "/det", "--engine model", &train);
+  ASSERT_FALSE(dt.is_null());
+  EXPECT_TRUE(dt["deterministic"].get<bool>()) << train;
+  EXPECT_NEAR(dt["iteration_ns"].get<double>() / dj["best"]["iteration_ns"].get<double>(), 1.0,
               0.01)
-      << det_train;
+      << train;
   // dynamic_programming: an uneven partition reproduces too (train's stage_layers).
-  const std::string dp =
-      run("plan --model bloom-176b --nodes 14 --global-batch 112 "
-          "--search-mode dynamic_programming --no-heuristic-compare --out-dir " +
-              dir + "/dp --json " + dir + "/dp.json",
-          &status);
-  ASSERT_EQ(status, 0) << dp;
-  std::ifstream din(dir + "/dp.json");
-  const auto d = nlohmann::json::parse(din);
-  ASSERT_FALSE(d["best"]["stage_layers"].empty()) << dp;
-  const std::string dtrain =
-      run("train --config " + dir + "/dp/plan.winner.yaml --dry-run --out-dir " + dir +
-              "/dptrain --json " + dir + "/dptrain.json",
-          &status);
-  ASSERT_EQ(status, 0) << dtrain;
-  std::ifstream dtin(dir + "/dptrain.json");
-  const auto dt = nlohmann::json::parse(dtin);
-  EXPECT_NEAR(dt["iteration_ns"].get<double>() / d["best"]["iteration_ns"].get<double>(), 1.0, 0.01)
-      << dtrain;
+  const auto d = run_json(
+      "plan --model bloom-176b --nodes 14 --global-batch 112 "
+      "--search-mode dynamic_programming --no-heuristic-compare --out-dir " +
+          dir + "/dp",
+      dir + "/dp.json", &out);
+  ASSERT_FALSE(d.is_null());
+  ASSERT_FALSE(d["best"]["stage_layers"].empty()) << out;
+  const auto pt = train_winner(dir + "/dp", "", &train);
+  ASSERT_FALSE(pt.is_null());
+  EXPECT_NEAR(pt["iteration_ns"].get<double>() / d["best"]["iteration_ns"].get<double>(), 1.0, 0.01)
+      << train;
   // Bad input from the command line: one line naming the value.
   const std::string bad = run("plan --model no-such-model --global-batch 8", &status);
   EXPECT_NE(status, 0);

@@ -101,10 +101,13 @@ class Evaluator {
       Map::const_accessor a;
       if (parts_.find(a, key)) return a->second;
     }
-    auto e = std::make_shared<PartsEntry>();
-    e->parts = price_parts(s, &e->tuned);
+    // The first thread to miss prices the parts while holding the entry; others wait for it.
     Map::accessor a;
-    if (parts_.insert(a, key)) a->second = e;  // another thread may have won: keep its entry
+    if (parts_.insert(a, key)) {
+      auto e = std::make_shared<PartsEntry>();
+      e->parts = price_parts(s, &e->tuned);
+      a->second = std::move(e);
+    }
     return a->second;
   }
 

@@ -174,14 +174,17 @@ double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t 
     tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::const_accessor a;
     if (impl_->prices.find(a, key)) return a->second;
   }
+  // The first thread to miss prices it while holding the entry; others wait for it rather than
+  // price it again.
+  tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::accessor a;
+  if (!impl_->prices.insert(a, key)) return a->second;
   std::vector<int> members(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i)
     members[std::size_t(i)] = first + i * stride;
-  const double ns = model_collective(*profile_, op, members, count, dtype, bytes,
-                                     Algorithm::automatic, deterministic)
-                        .cost.total_ns;
-  impl_->prices.insert({key, ns});
-  return ns;
+  a->second = model_collective(*profile_, op, members, count, dtype, bytes, Algorithm::automatic,
+                               deterministic)
+                  .cost.total_ns;
+  return a->second;
 }
 
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,

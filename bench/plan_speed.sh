@@ -4,7 +4,7 @@
 #    "under 30 s" case; it takes a fraction of a second, so thread start-up weighs on its ratio;
 #  - a larger one, GPT-3 175B on 128 nodes (global batch 1536, cp up to 16, vpp up to 8).
 # Prints wall time, candidates per second of the parallel pruning-and-evaluation phase, and the
-# 2-thread / 1-thread ratio of the latter.
+# 2-thread / 1-thread ratio of the latter (of the medians, and over interleaved pairs of runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COCEMU=${COCEMU:-./build/bench/cocemu}
@@ -15,21 +15,29 @@ median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }
 search() {
   local label=$1
   shift
-  declare -A rate
-  for threads in 1 2; do
-    : >"$out/rates" && : >"$out/walls"
-    for _ in $(seq "$RUNS"); do
+  : >"$out/rates1" && : >"$out/rates2" && : >"$out/walls1" && : >"$out/walls2" && : >"$out/pairs"
+  # 1- and 2-thread runs alternate, so that the machine's drift hits both alike; each pair's
+  # ratio is kept too.
+  for _ in $(seq "$RUNS"); do
+    for threads in 1 2; do
       t0=$(date +%s.%N)
       "$COCEMU" plan "$@" --threads "$threads" --no-heuristic-compare --out-dir "$out" |
-        sed -n 's/.*(\([0-9]*\) candidates\/s).*/\1/p' >>"$out/rates"
+        sed -n 's/.*(\([0-9]*\) candidates\/s).*/\1/p' >"$out/rate"
       t1=$(date +%s.%N)
-      echo "$t1 - $t0" | bc >>"$out/walls"
+      echo "$t1 - $t0" | bc >>"$out/walls$threads"
+      cat "$out/rate" >>"$out/rates$threads"
+      [ "$threads" = 1 ] && one=$(cat "$out/rate")
     done
-    rate[$threads]=$(median <"$out/rates")
-    printf "%-40s %d thread(s): %7.3f s wall, %8d candidates/s (median of %d)\n" "$label" \
-      "$threads" "$(median <"$out/walls")" "${rate[$threads]}" "$RUNS"
+    echo "scale=3; $(cat "$out/rate") / $one" | bc >>"$out/pairs"
   done
-  printf "%-40s 2 threads / 1 thread: %sx\n" "$label" "$(echo "scale=2; ${rate[2]} / ${rate[1]}" | bc)"
+  for threads in 1 2; do
+    printf "%-40s %d thread(s): %7.3f s wall, %8d candidates/s (median of %d)\n" "$label" \
+      "$threads" "$(median <"$out/walls$threads")" "$(median <"$out/rates$threads")" "$RUNS"
+  done
+  printf "%-40s 2 threads / 1 thread: %sx of the medians; pairs %s..%s, median %s\n" "$label" \
+    "$(echo "scale=2; $(median <"$out/rates2") / $(median <"$out/rates1")" | bc)" \
+    "$(sort -g "$out/pairs" | head -1)" "$(sort -g "$out/pairs" | tail -1)" \
+    "$(median <"$out/pairs")"
 }
 search "llama2-70b, 512 devices, gbs 1024" --model llama2-70b --nodes 64 --global-batch 1024 \
   --seq 4096

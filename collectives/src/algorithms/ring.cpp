@@ -45,6 +45,8 @@ std::vector<std::vector<int>> ring_channels(const PlanRequest& req, std::int64_t
   }
   const std::size_t L = by_node.front().size();
   const bool even = std::ranges::all_of(by_node, [&](const auto& v) { return v.size() == L; });
+  // Assumption: 4096 elements per channel at least (NCCL's per-size channel count is not
+  // published as a figure; the references test only the large-message plateau).
   const int channels = int(std::clamp<std::int64_t>(smallest_block / 4096, 1, std::int64_t(L)));
   if (by_node.size() < 2 || L < 2 || !even || channels < 2) return {identity};
   std::vector<std::vector<int>> rings(static_cast<std::size_t>(channels));

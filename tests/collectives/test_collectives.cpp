@@ -256,17 +256,30 @@ INSTANTIATE_TEST_SUITE_P(WorldSize, Collectives, ::testing::Range(1, 17),
 TEST(Collectives, AlgorithmsAgreeBitForBitOnInexactData) {
   // Random f32 data (sums round): in deterministic mode ring and direct give the same bits, and so
   // does a chunked all_reduce (chunks summed separately), because every element is summed in rank
-  // order with one f32 accumulator.
-  for (int n : {3, 8}) {
+  // order with one f32 accumulator: the sum computed here, rank by rank (11 ranks: the executor
+  // combines sources four at a time, with a remainder).
+  const std::int64_t c = 10007;
+  const auto data = [c](int r) {
+    std::vector<float> x(std::size_t(c), 0.0f);
+    std::uint64_t s = 0x9e3779b97f4a7c15ull * std::uint64_t(r + 1);
+    for (float& v : x) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      v = float(std::int64_t(s % 2000001) - 1000000) * 1.37e-3f;
+    }
+    return x;
+  };
+  for (int n : {3, 8, 11}) {
+    std::vector<float> in_rank_order = data(0);
+    for (int r = 1; r < n; ++r) {
+      const std::vector<float> x = data(r);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        in_rank_order[i] += x[i];
+    }
     testing::run_ranks(n, [&](Rank& rank) {
       Group g = Group::world(rank);
-      const std::int64_t c = 10007;
       Tensor x = Tensor::zeros({c}, DType::f32);
-      std::uint64_t s = 0x9e3779b97f4a7c15ull * std::uint64_t(rank.id() + 1);
-      for (std::int64_t i = 0; i < c; ++i) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        x.data<float>()[i] = float(std::int64_t(s % 2000001) - 1000000) * 1.37e-3f;
-      }
+      const std::vector<float> mine = data(rank.id());
+      std::copy(mine.begin(), mine.end(), x.data<float>());
       Tensor ring = x.clone(), direct = x.clone(), chunked = x.clone();
       all_reduce(g, ring, {.algo = Algorithm::ring});
       all_reduce(g, direct, {.algo = Algorithm::direct});
@@ -275,6 +288,7 @@ TEST(Collectives, AlgorithmsAgreeBitForBitOnInexactData) {
       rank.synchronize();
       EXPECT_TRUE(ring.bitwise_equal(direct));
       EXPECT_TRUE(ring.bitwise_equal(chunked));
+      EXPECT_EQ(std::memcmp(direct.data<float>(), in_rank_order.data(), std::size_t(c) * 4), 0);
       // Non-deterministic mode sums from each segment's owner: a different order, within the bound
       // (n-1)·2^-24·Σ|x| per element, and visibly different in the last bits somewhere.
       Tensor nd = x.clone(), absum = x.clone();

@@ -106,13 +106,15 @@ void stream_fence() {
 }
 
 template <class T, class Op>
-void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffers>& bufs) {
+void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffers>& bufs,
+                 bool may_stream) {
   using A = acc_t<T>;
   struct Src {
     const void* p;
     bool acc;
   };
-  std::vector<Src> srcs;
+  thread_local std::vector<Src> srcs;  // reused: small calls run thousands of steps per call
+  srcs.clear();
   for (const BufRef& b : st.srcs) {
     const MemberBuffers& m = bufs[std::size_t(b.rank)];
     if (b.buf == Buf::scratch)
@@ -126,7 +128,8 @@ void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffer
     bool acc;
     bool is_src;  // in place: the line was just read, a plain store is cheaper
   };
-  std::vector<Dst> dsts;
+  thread_local std::vector<Dst> dsts;
+  dsts.clear();
   for (const BufRef& b : st.dsts) {
     const MemberBuffers& m = bufs[std::size_t(b.rank)];
     void* p =
@@ -139,7 +142,8 @@ void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffer
     dsts.push_back({p, b.buf == Buf::scratch, is_src});
   }
   alignas(64) A acc[kBlock];
-  const bool streaming = std::size_t(st.count) * sizeof(T) * dsts.size() >= kStreamingBytes;
+  const bool streaming =
+      may_stream && std::size_t(st.count) * sizeof(T) * dsts.size() >= kStreamingBytes;
   for (std::int64_t base = 0; base < st.count; base += kBlock) {
     const std::int64_t len = std::min(kBlock, st.count - base);
     for (std::size_t k = 0; k < srcs.size(); ++k) {
@@ -179,7 +183,8 @@ void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffer
 }
 
 template <class T>
-void run_step(const Step& st, int n, ReduceOp op, const std::vector<MemberBuffers>& bufs) {
+void run_step(const Step& st, int n, ReduceOp op, const std::vector<MemberBuffers>& bufs,
+              bool may_stream) {
   if (st.count == 0) return;
   if (st.kind == Step::copy) {
     const BufRef& s = st.srcs.front();
@@ -191,7 +196,7 @@ void run_step(const Step& st, int n, ReduceOp op, const std::vector<MemberBuffer
       T* dst = reinterpret_cast<T*>(d.buf == Buf::in ? dm.in : dm.out) + d.offset;
       if (dst == src) continue;
       const std::size_t bytes = std::size_t(st.count) * sizeof(T);
-      if (bytes * st.dsts.size() >= kStreamingBytes && sizeof(T) % 4 == 0)
+      if (may_stream && bytes * st.dsts.size() >= kStreamingBytes && sizeof(T) % 4 == 0)
         stream_copy(dst, src, bytes);
       else
         std::memcpy(dst, src, bytes);
@@ -202,29 +207,64 @@ void run_step(const Step& st, int n, ReduceOp op, const std::vector<MemberBuffer
   using A = acc_t<T>;
   switch (op) {
     case ReduceOp::sum:
-      return reduce_step<T, Sum<A>>(st, n, false, bufs);
+      return reduce_step<T, Sum<A>>(st, n, false, bufs, may_stream);
     case ReduceOp::avg:
-      return reduce_step<T, Sum<A>>(st, n, true, bufs);
+      return reduce_step<T, Sum<A>>(st, n, true, bufs, may_stream);
     case ReduceOp::max:
-      return reduce_step<T, Max<A>>(st, n, false, bufs);
+      return reduce_step<T, Max<A>>(st, n, false, bufs, may_stream);
     case ReduceOp::min:
-      return reduce_step<T, Min<A>>(st, n, false, bufs);
+      return reduce_step<T, Min<A>>(st, n, false, bufs, may_stream);
     case ReduceOp::prod:
-      return reduce_step<T, Prod<A>>(st, n, false, bufs);
+      return reduce_step<T, Prod<A>>(st, n, false, bufs, may_stream);
   }
 }
 
 }  // namespace
 
 void execute_plan(const Plan& plan, int me, int n, const std::vector<MemberBuffers>& bufs,
-                  DType dtype, ReduceOp op, const std::function<void(int)>& between_rounds) {
+                  DType dtype, ReduceOp op, const std::function<void(int)>& between_rounds,
+                  bool may_stream) {
   for (std::size_t r = 0; r < plan.rounds.size(); ++r) {
     for (const Step& st : plan.rounds[r]) {
       if (st.actor != me) continue;
-      visit_dtype(dtype, [&](auto tag) { run_step<decltype(tag)>(st, n, op, bufs); });
+      visit_dtype(dtype, [&](auto tag) { run_step<decltype(tag)>(st, n, op, bufs, may_stream); });
     }
     if (r + 1 < plan.rounds.size()) between_rounds(int(r));
   }
+}
+
+namespace {
+bool continues(const std::vector<BufRef>& prev, const std::vector<BufRef>& next,
+               std::int64_t count) {
+  if (prev.size() != next.size()) return false;
+  for (std::size_t i = 0; i < prev.size(); ++i)
+    if (prev[i].rank != next[i].rank || prev[i].buf != next[i].buf ||
+        prev[i].offset + count != next[i].offset)
+      return false;
+  return true;
+}
+}  // namespace
+
+Plan merge_for_one_actor(const Plan& plan) {
+  COCEMU_CHECK(plan.rounds.size() <= 1, Errc::internal,
+               "merge_for_one_actor: a plan of {} rounds needs its barriers", plan.rounds.size());
+  Plan merged{plan.op, plan.algorithm, {}, plan.scratch_elems};
+  if (plan.rounds.empty()) return merged;
+  std::vector<Step> steps;
+  for (const Step& st : plan.rounds[0]) {
+    if (!steps.empty()) {
+      Step& last = steps.back();
+      if (last.kind == st.kind && last.finalize == st.finalize &&
+          continues(last.srcs, st.srcs, last.count) && continues(last.dsts, st.dsts, last.count)) {
+        last.count += st.count;
+        continue;
+      }
+    }
+    steps.push_back(st);
+    steps.back().actor = 0;
+  }
+  merged.rounds.push_back(std::move(steps));
+  return merged;
 }
 
 }  // namespace cocemu::detail

@@ -57,6 +57,7 @@ struct Mailbox {
 struct CachedPlan {
   Plan plan;
   PlanCost cost;
+  Plan one_actor;  ///< small one-round calls: `plan` merged for the last arriver (see executor.h)
 };
 
 struct Member {

@@ -84,6 +84,10 @@ void check_alias(Group& g, const char* call, const Tensor& in, const Tensor& out
 /// small collectives when there are more rank threads than cores.
 constexpr std::uint64_t kFastPathBytes = 64 << 10;
 
+bool runs_fast(const Plan& plan, const Call& call) {
+  return plan.rounds.size() <= 1 && call.send_counts.empty() && call.size_bytes <= kFastPathBytes;
+}
+
 void publish(GroupState& gs, int me, std::uint64_t seq, const CallSignature& sig,
              const detail::MemberBuffers& mine, const Call& call) {
   detail::CallSlot& slot = gs.members[std::size_t(me)].slots[seq & 1];
@@ -143,8 +147,7 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
   publish(gs, me, seq, sig, mine, call);
   const int n = gs.size();
   const Plan& cached_plan = cached->plan;
-  if (cached_plan.rounds.size() <= 1 && call.send_counts.empty() &&
-      call.size_bytes <= kFastPathBytes) {
+  if (runs_fast(cached_plan, call)) {
     // Small call: the last member to arrive executes every member's steps.
     detail::Member& self = gs.members[std::size_t(me)];
     const std::uint32_t done_target = std::uint32_t(++self.fast_calls);
@@ -155,8 +158,9 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
         const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
         bufs[std::size_t(j)] = {s.in, s.out, s.scratch};
       }
-      for (int actor = 0; actor < n; ++actor)
-        execute_plan(cached_plan, actor, n, bufs, sig.dtype, sig.reduce_op, [](int) {});
+      execute_plan(
+          cached->one_actor, 0, n, bufs, sig.dtype, sig.reduce_op, [](int) {},
+          /*may_stream=*/false);
       gs.fast_done.add(1);
     } else {
       gs.fast_done.wait_geq(done_target, [&] { return missing_members(gs, seq, sig); });
@@ -237,8 +241,9 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
       ModeledCollective m =
           model_collective(prof, sig.op, g.ranks(), sig.count, sig.dtype, call.size_bytes,
                            sig.algorithm, sig.deterministic, sig.root);
-      slot = std::make_shared<const detail::CachedPlan>(
-          detail::CachedPlan{std::move(m.plan), std::move(m.cost)});
+      detail::CachedPlan made{std::move(m.plan), std::move(m.cost), {}};
+      if (runs_fast(made.plan, call)) made.one_actor = detail::merge_for_one_actor(made.plan);
+      slot = std::make_shared<const detail::CachedPlan>(std::move(made));
     }
     cached = slot;
   }

@@ -269,16 +269,27 @@ TEST(Collectives, AlgorithmsAgreeBitForBitOnInexactData) {
     return x;
   };
   for (int n : {3, 8, 11}) {
-    std::vector<float> in_rank_order = data(0);
-    for (int r = 1; r < n; ++r) {
-      const std::vector<float> x = data(r);
-      for (std::size_t i = 0; i < x.size(); ++i)
-        in_rank_order[i] += x[i];
-    }
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < n; ++r)
+      inputs.push_back(data(r));
+    std::vector<float> in_rank_order = inputs[0];
+    for (int r = 1; r < n; ++r)
+      for (std::size_t i = 0; i < in_rank_order.size(); ++i)
+        in_rank_order[i] += inputs[std::size_t(r)][i];
+    // Non-deterministic direct: segment s summed from its owner on, s, s+1, ..., s+n-1 (mod n).
+    std::vector<float> owner_first(std::size_t(c), 0.0f);
+    for (int seg = 0; seg < n; ++seg)
+      for (std::int64_t i = segment_offset(c, n, seg);
+           i < segment_offset(c, n, seg) + segment_length(c, n, seg); ++i) {
+        float acc = inputs[std::size_t(seg)][std::size_t(i)];
+        for (int k = 1; k < n; ++k)
+          acc += inputs[std::size_t((seg + k) % n)][std::size_t(i)];
+        owner_first[std::size_t(i)] = acc;
+      }
     testing::run_ranks(n, [&](Rank& rank) {
       Group g = Group::world(rank);
       Tensor x = Tensor::zeros({c}, DType::f32);
-      const std::vector<float> mine = data(rank.id());
+      const std::vector<float>& mine = inputs[std::size_t(rank.id())];
       std::copy(mine.begin(), mine.end(), x.data<float>());
       Tensor ring = x.clone(), direct = x.clone(), chunked = x.clone();
       all_reduce(g, ring, {.algo = Algorithm::ring});
@@ -297,6 +308,7 @@ TEST(Collectives, AlgorithmsAgreeBitForBitOnInexactData) {
       all_reduce(g, nd, {.algo = Algorithm::direct, .deterministic = false});
       all_reduce(g, absum, CollectiveOptions{});
       rank.synchronize();
+      EXPECT_EQ(std::memcmp(nd.data<float>(), owner_first.data(), std::size_t(c) * 4), 0);
       int differ = 0;
       for (std::int64_t i = 0; i < c; ++i) {
         const double bound = (n - 1) * std::ldexp(1.0, -24) * absum.item(i) * 2;

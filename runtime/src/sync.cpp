@@ -114,25 +114,55 @@ void Counter::sleep_until(std::uint32_t target, long slice_ns) const {
   sleepers_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>& what) const {
+void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>& what,
+                       std::uint32_t yield_within) const {
   if (reached(target)) return;
   const WaitScope& scope = current_wait_scope();
   schedule_jitter();
+  // The deadline runs from the last time the counter moved: a wait behind a long queue that is
+  // draining (a stream waiting for work enqueued a whole iteration ahead) is progress, not a
+  // hang; a counter that stands still for the timeout is.
+  auto deadline = std::chrono::steady_clock::now() + scope.timeout;
+  std::uint32_t seen = load();
+  // Sleeps in the kernel until the counter reaches `until` or is woken; time slices bound the
+  // abort latency.
+  const auto sleep_phase = [&](std::uint32_t until) {
+    long slice_ns = 100'000;
+    for (;;) {
+      if (reached(until)) return;
+      sleep_until(until, slice_ns);
+      if (reached(until)) return;
+      slice_ns = std::min<long>(slice_ns * 2, 5'000'000);
+      if (scope.world && scope.world->aborted())
+        scope.world->throw_remote_failure(scope.rank, what());
+      const auto now = std::chrono::steady_clock::now();
+      if (const std::uint32_t v = load(); v != seen) {
+        seen = v;
+        deadline = now + scope.timeout;
+      }
+      if (now >= deadline) {
+        std::string msg = fmt::format(
+            "rank {} ({}) timed out: no progress for {} ms waiting for {} (counter at {}, needed "
+            "{})",
+            scope.rank, scope.lane, scope.timeout.count(), what(), load(), target);
+        if (scope.world) msg += "\n" + scope.world->status_report();
+        throw Error(Errc::timeout, msg);
+      }
+    }
+  };
+  // Far from the target (a host waiting for a stream's whole queue): the signals in between
+  // come from threads that need the cores, so sleep until the last one is near.
+  if (std::int32_t(target - load()) > std::int32_t(std::min<std::uint32_t>(yield_within, 1u << 30)))
+    sleep_phase(target - yield_within);
   for (int i = 0; i < 64; ++i) {
     if (reached(target)) return;
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
   }
-  // The deadline runs from the last time the counter moved: a wait behind a long queue that is
-  // draining (a stream waiting for work enqueued a whole iteration ahead) is progress, not a
-  // hang; a counter that stands still for the timeout is.
-  auto deadline = std::chrono::steady_clock::now() + scope.timeout;
-  std::uint32_t seen = load();
   // Yield for a while (COCEMU_WAIT_YIELDS times, default 2000): with more runnable threads than
   // cores the peer we wait for usually needs our core, and a busy core answers faster than a
-  // halted virtual CPU woken by an interrupt. Then sleep in the kernel until woken; time slices
-  // bound the abort latency.
+  // halted virtual CPU woken by an interrupt. Then sleep until woken.
   static const int yields = [] {
     const char* v = std::getenv("COCEMU_WAIT_YIELDS");
     if (!v) return 2000;
@@ -142,28 +172,7 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
     if (reached(target)) return;
     sched_yield();
   }
-  long slice_ns = 100'000;
-  for (;;) {
-    if (reached(target)) return;
-    sleep_until(target, slice_ns);
-    if (reached(target)) return;
-    slice_ns = std::min<long>(slice_ns * 2, 5'000'000);
-    if (scope.world && scope.world->aborted())
-      scope.world->throw_remote_failure(scope.rank, what());
-    const auto now = std::chrono::steady_clock::now();
-    if (const std::uint32_t v = load(); v != seen) {
-      seen = v;
-      deadline = now + scope.timeout;
-    }
-    if (now >= deadline) {
-      std::string msg = fmt::format(
-          "rank {} ({}) timed out: no progress for {} ms waiting for {} (counter at {}, needed "
-          "{})",
-          scope.rank, scope.lane, scope.timeout.count(), what(), load(), target);
-      if (scope.world) msg += "\n" + scope.world->status_report();
-      throw Error(Errc::timeout, msg);
-    }
-  }
+  sleep_phase(target);
 }
 
 bool Counter::wait_idle(std::uint32_t target, const std::atomic<bool>& stop) const {

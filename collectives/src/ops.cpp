@@ -272,9 +272,8 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   if (&current != &comm) comm.wait(current.record());  // the producer has written the input
   const int me = g.rank();
   Group keep = g;
+  // The op's detail names the group and sequence number in timeout reports.
   comm.launch(std::move(spec), [keep, me, seq, call = std::move(call), cached] {
-    keep.owner().note_activity(
-        fmt::format("{} seq {} on group {}", to_string(call.sig.op), seq, keep.name()));
     try {
       execute_call(keep.state(), me, seq, call, cached);
     } catch (...) {

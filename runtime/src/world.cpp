@@ -95,9 +95,9 @@ struct StreamImpl {
             WaitGrace grace(kStreamWaitGrace);
             t.wait_on->wait_geq(t.wait_target, [&] { return t.wait_what; });
           } else if (t.fn && numerics) {
-            world->set_activity(rank->id(), lane, t.record ? t.record->name : "op");
+            world->set_running(rank->id(), lane, t.record);
             t.fn();
-            world->set_activity(rank->id(), lane, "idle");
+            world->set_running(rank->id(), lane, nullptr);
           }
           if (t.record && wall) {
             t.record->wall_start_ns = t0;
@@ -350,7 +350,8 @@ World::World(const WorldOptions& options)
   if (!options_.profile) options_.profile = default_profile();
   options_.profile->check_world(options_.n_ranks);
   graph_.ranks.resize(std::size_t(options_.n_ranks));
-  activity_.resize(std::size_t(options_.n_ranks));
+  for (int r = 0; r < options_.n_ranks; ++r)
+    activity_.push_back(std::make_unique<RankActivity>());
 }
 
 World::~World() = default;
@@ -411,23 +412,39 @@ void World::throw_remote_failure(int rank, const std::string& waiting_for) const
 }
 
 void World::set_activity(int rank, int lane, std::string text) {
-  std::lock_guard lock(activity_mu_);
-  auto& lanes = activity_[std::size_t(rank)];
-  if (lanes.size() <= std::size_t(lane)) lanes.resize(std::size_t(lane) + 1);
-  lanes[std::size_t(lane)] = std::move(text);
+  RankActivity& a = *activity_[std::size_t(rank)];
+  std::lock_guard lock(a.mu);
+  if (a.lanes.size() <= std::size_t(lane)) a.lanes.resize(std::size_t(lane) + 1);
+  a.lanes[std::size_t(lane)].touched = true;
+  a.lanes[std::size_t(lane)].text = std::move(text);
+}
+
+void World::set_running(int rank, int lane, const OpRecord* op) {
+  RankActivity& a = *activity_[std::size_t(rank)];
+  std::lock_guard lock(a.mu);
+  if (a.lanes.size() <= std::size_t(lane)) a.lanes.resize(std::size_t(lane) + 1);
+  LaneActivity& l = a.lanes[std::size_t(lane)];
+  l.touched = true;
+  l.op = op;
+  l.text.clear();
 }
 
 std::string World::status_report() const {
-  std::lock_guard lock(activity_mu_);
   std::string out = "what each rank was last doing:";
   for (std::size_t r = 0; r < activity_.size(); ++r) {
     out += fmt::format("\n  rank {}:", r);
-    const auto& lanes = activity_[r];
+    const RankActivity& a = *activity_[r];
+    std::lock_guard lock(a.mu);
     const auto& names = graph_.ranks[r].lane_names;
     bool any = false;
-    for (std::size_t l = 0; l < lanes.size(); ++l) {
-      if (lanes[l].empty()) continue;
-      out += fmt::format(" [{}] {};", l < names.size() ? names[l] : "lane", lanes[l]);
+    for (std::size_t l = 0; l < a.lanes.size(); ++l) {
+      const LaneActivity& lane = a.lanes[l];
+      if (!lane.touched) continue;
+      std::string what = lane.op ? lane.op->name : std::string();
+      if (lane.op && !lane.op->detail.empty()) what += " (" + lane.op->detail + ")";
+      if (!lane.text.empty()) what += (what.empty() ? "" : ": ") + lane.text;
+      out += fmt::format(" [{}] {};", l < names.size() ? names[l] : "lane",
+                         what.empty() ? "idle" : what);
       any = true;
     }
     if (!any) out += " (nothing recorded)";

@@ -177,6 +177,8 @@ class World {
   /// One line per rank and lane: what each was last doing.
   std::string status_report() const;
   void set_activity(int rank, int lane, std::string text);
+  /// A stream worker starts `op` (null: it is idle); the report names the op, lazily.
+  void set_running(int rank, int lane, const OpRecord* op);
 
   /// Get-or-create a shared object under `key`; all ranks asking for one key get one object.
   template <class T, class Make>
@@ -203,8 +205,17 @@ class World {
   std::exception_ptr first_error_;
   int first_error_rank_ = -1;
   bool first_error_primary_ = false;
-  mutable std::mutex activity_mu_;
-  std::vector<std::vector<std::string>> activity_;  // [rank][lane]
+  struct LaneActivity {
+    bool touched = false;
+    const OpRecord* op = nullptr;  ///< the op a stream worker runs
+    std::string text;              ///< a note: what the op or the host thread waits for
+  };
+  /// One lock per rank: the lanes of one rank update it, the timeout report reads it.
+  struct RankActivity {
+    mutable std::mutex mu;
+    std::vector<LaneActivity> lanes;
+  };
+  std::vector<std::unique_ptr<RankActivity>> activity_;
   std::mutex shared_mu_;
   std::unordered_map<std::string, std::shared_ptr<void>> shared_;
   ModelGraph graph_;

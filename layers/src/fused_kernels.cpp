@@ -326,7 +326,7 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
           const std::size_t slot_off = std::size_t(slot) * slot_bytes;
           // 1. compute: wait for the slot to be free, produce the step's tiles, announce them.
           pr.wait_free(slot, use, s);
-          Tensor tiles = Tensor::zeros({h, n}, x.dtype());  // tiling-invariant: one call per step
+          Tensor tiles = Tensor::empty({h, n}, x.dtype());  // tiling-invariant: one call per step
           w.gemm_now(x.rows(r0, r0 + h), tiles);
           pr.before_write(slot, use, s);
           std::memcpy(buf.local() + slot_off, tiles.raw(), tiles.nbytes());
@@ -504,7 +504,7 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
           // Block j of the slot holds this step's rows of rank j's output region.
           for (int j = 0; j < n_ranks; ++j) {
             const std::int64_t xr = j * ml + r0;  // the step's tiles in one tiling-invariant call
-            Tensor tiles = Tensor::zeros({h, n}, x.dtype());
+            Tensor tiles = Tensor::empty({h, n}, x.dtype());
             wop.gemm_now(x.rows(xr, xr + h), tiles);
             std::memcpy(buf.local() + slot_off + std::size_t(j) * block_bytes, tiles.raw(),
                         tiles.nbytes());

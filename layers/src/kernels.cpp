@@ -16,6 +16,10 @@ Tensor alloc(const Rank& rank, const Shape& shape, DType dtype) {
   return rank.numerics() ? Tensor::zeros(shape, dtype) : Tensor::shape_only(shape, dtype);
 }
 
+Tensor alloc_out(const Rank& rank, const Shape& shape, DType dtype) {
+  return rank.numerics() ? Tensor::empty(shape, dtype) : Tensor::shape_only(shape, dtype);
+}
+
 double gemm_cost_ns(const Rank& rank, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                     GemmLayout layout, SocPricing soc) {
   if (soc.weight_col_major) layout.trans_b = true;

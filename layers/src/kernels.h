@@ -78,6 +78,9 @@ void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int
 Tensor random_normal(const Shape& shape, DType dtype, std::uint64_t seed, double scale);
 /// A zero tensor with storage unless the run is a dry run.
 Tensor alloc(const Rank& rank, const Shape& shape, DType dtype);
+/// As `alloc`, with unspecified contents (Tensor::empty): for outputs that a GEMM or a collective
+/// writes whole before anything reads them.
+Tensor alloc_out(const Rank& rank, const Shape& shape, DType dtype);
 
 /// Memory-bound work on the current stream, priced as `bytes` of device-memory traffic.
 template <class Fn>

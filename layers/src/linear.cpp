@@ -12,6 +12,7 @@
 namespace cocemu::layers {
 
 using detail::alloc;
+using detail::alloc_out;
 using detail::matmul;
 
 LinearOptions options_for(const CocConfig& c, std::int64_t m, std::int64_t k, std::int64_t n) {
@@ -120,7 +121,7 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
   Rank& rank = g.owner();
   const int ws = g.size();
   const std::int64_t ml = x.size(0), k = x.size(1), m = ml * ws;
-  Tensor full = alloc(rank, {m, k}, x.dtype());
+  Tensor full = alloc_out(rank, {m, k}, x.dtype());
   if (o.strategy == Strategy::fused) {
     all_gather_matmul(g, x, w, trans_w, Tensor(), out, full, fused_options(o, rank));
     return full;
@@ -133,8 +134,8 @@ Tensor gather_then_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans
   }
   const std::int64_t per = ml / P, n = out.size(1);
   const detail::SocPricing soc = soc_prepare(rank, o, P, m, ml, k, n, x.dtype(), trans_w);
-  Tensor gathered = alloc(rank, {m, k}, x.dtype());  // [P, ws, per] rows
-  Tensor shuffled = alloc(rank, {m, n}, out.dtype());
+  Tensor gathered = alloc_out(rank, {m, k}, x.dtype());  // [P, ws, per] rows
+  Tensor shuffled = alloc_out(rank, {m, n}, out.dtype());
   const auto wop = std::make_shared<const detail::WeightOperand>(w, trans_w, rank.deterministic());
   std::vector<Work> works;
   for (int i = 0; i <= P; ++i) {
@@ -217,7 +218,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o_in)
                    rank.id(), x.describe(), k, name_of(weight_.dtype()));
   const std::int64_t m = sp_ ? x.size(0) * ws : x.size(0);
   const LinearOptions o = resolve(o_in, m, k, nl);
-  Tensor y = alloc(rank, {m, nl}, x.dtype());
+  Tensor y = alloc_out(rank, {m, nl}, x.dtype());
   if (!sp_) {
     matmul(rank, name(o, "column fwd matmul"), x, false, weight_, true, y);
     saved_input_ = x;
@@ -231,7 +232,8 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o_in)
   detail::add_bias(rank, y, bias_);
   if (!gather_output_) return y;
   // gather_output: all_gather the column blocks and place them side by side.
-  Tensor blocks = alloc(rank, {ws * m, nl}, x.dtype()), wide = alloc(rank, {m, ws * nl}, x.dtype());
+  Tensor blocks = alloc_out(rank, {ws * m, nl}, x.dtype()),
+         wide = alloc_out(rank, {m, ws * nl}, x.dtype());
   all_gather(tp_, blocks, y, {.label = " " + name(o, "gather_output")});
   for (int r = 0; r < ws; ++r)
     detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, r * nl, true);
@@ -246,7 +248,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   const std::int64_t k = weight_.size(1), nl = weight_.size(0);
   Tensor dy = dy_in;
   if (gather_output_) {  // take this rank's column block of the full gradient
-    dy = alloc(rank, {dy_in.size(0), nl}, dy_in.dtype());
+    dy = alloc_out(rank, {dy_in.size(0), nl}, dy_in.dtype());
     detail::copy_columns(rank, dy, dy_in, tp_.rank() * nl, false);
   }
   const std::int64_t m = dy.size(0);
@@ -254,7 +256,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
                    "ColumnParallelLinear::backward on rank {}: dy {} must be [m, {}]", rank.id(),
                    dy.describe(), nl);
   const LinearOptions o = resolve(o_in, m, nl, k);
-  Tensor dx_full = alloc(rank, {m, k}, dy.dtype());
+  Tensor dx_full = alloc_out(rank, {m, k}, dy.dtype());
   Tensor x_full = saved_input_;
   // As Megatron's LinearWithGradAccumulationAndAsyncCommunication.backward and MindSpeed's
   // RewriteColumnSeqParallelFunction.backward, in every strategy: the input re-gather runs async
@@ -262,7 +264,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   // issued async, the weight gradient runs, and only then is the reduction waited for.
   Work gather_work, reduce_work;
   if (sp_ && !saved_is_gathered_) {  // recompute_all_gather: re-gather the input (async)
-    x_full = alloc(rank, {m, k}, dy.dtype());
+    x_full = alloc_out(rank, {m, k}, dy.dtype());
     gather_work = all_gather(tp_, x_full, saved_input_,
                              {.async_op = true, .label = " " + name(o, "column bwd re-gather")});
   }
@@ -273,14 +275,14 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
         all_reduce(tp_, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
     dx = dx_full;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
-    dx = alloc(rank, {m / ws, k}, dy.dtype());
+    dx = alloc_out(rank, {m / ws, k}, dy.dtype());
     matmul_reduce_scatter(tp_, dy, weight_, false, Tensor(), dx,
                           fused_options(o, rank));  // dX = RS(dY · W)
     gather_work.wait();
   } else {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
     gather_work.wait();
-    dx = alloc(rank, {m / ws, k}, dy.dtype());
+    dx = alloc_out(rank, {m / ws, k}, dy.dtype());
     reduce_work =
         reduce_scatter(tp_, dx, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
   }
@@ -327,7 +329,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
     COCEMU_CHECK_ARG(x_in.ndim() == 2 && x_in.size(1) == kl * ws,
                      "RowParallelLinear::forward on rank {}: x {} must be [m, {}]", rank.id(),
                      x_in.describe(), kl * ws);
-    x = alloc(rank, {x_in.size(0), kl}, x_in.dtype());
+    x = alloc_out(rank, {x_in.size(0), kl}, x_in.dtype());
     detail::copy_columns(rank, x, x_in, tp_.rank() * kl, false);
   }
   COCEMU_CHECK_ARG(x.ndim() == 2 && x.size(1) == kl && x.dtype() == weight_.dtype(),
@@ -338,7 +340,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
   const LinearOptions o = resolve(o_in, m, kl, n);
   const FusedOptions fo = fused_options(o, rank);
   if (!sp_) {
-    Tensor y = alloc(rank, {m, n}, x.dtype());
+    Tensor y = alloc_out(rank, {m, n}, x.dtype());
     if (o.strategy == Strategy::fused) {
       matmul_all_reduce(tp_, x, weight_, bias_, y, fo);
       return y;
@@ -368,7 +370,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
                    "RowParallelLinear::forward on rank {} (sequence parallel): m = {} must be "
                    "divisible by the TP size {}",
                    rank.id(), m, ws);
-  Tensor y = alloc(rank, {m / ws, n}, x.dtype());
+  Tensor y = alloc_out(rank, {m / ws, n}, x.dtype());
   if (o.strategy == Strategy::fused) {
     matmul_reduce_scatter(tp_, x, weight_, true, bias_, y, fo);
     return y;
@@ -379,10 +381,10 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
   const detail::SocPricing soc = soc_prepare(rank, o, P, m, m, kl, n, x.dtype(), true);
   Tensor xs = x;
   if (P > 1) {
-    xs = alloc(rank, x.shape(), x.dtype());
+    xs = alloc_out(rank, x.shape(), x.dtype());
     detail::shuffle_rows(rank, x, xs, ws, P);
   }
-  Tensor partial = alloc(rank, {m, n}, x.dtype());
+  Tensor partial = alloc_out(rank, {m, n}, x.dtype());
   const auto wop =
       std::make_shared<const detail::WeightOperand>(weight_, true, rank.deterministic());
   std::vector<Work> works;
@@ -410,7 +412,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o_in) 
                    "RowParallelLinear::backward on rank {}: dy {} must be [{}, {}]", rank.id(),
                    dy.describe(), sp_ ? m / ws : m, n);
   const LinearOptions o = resolve(o_in, m, n, kl);
-  Tensor dx = alloc(rank, {m, kl}, dy.dtype());
+  Tensor dx = alloc_out(rank, {m, kl}, dy.dtype());
   Tensor dy_full = dy;
   if (!sp_) {
     matmul(rank, name(o, "row bwd grad-input matmul"), dy, false, weight_, false, dx);
@@ -422,8 +424,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o_in) 
   detail::bias_grad(rank, bias_grad_, dy);
   if (input_is_parallel_) return dx;
   // The input was scattered by columns: gather the gradient's column blocks.
-  Tensor blocks = alloc(rank, {ws * m, kl}, dy.dtype()),
-         wide = alloc(rank, {m, ws * kl}, dy.dtype());
+  Tensor blocks = alloc_out(rank, {ws * m, kl}, dy.dtype()),
+         wide = alloc_out(rank, {m, ws * kl}, dy.dtype());
   all_gather(tp_, blocks, dx, {.label = " " + name(o, "row bwd input gather")});
   for (int r = 0; r < ws; ++r)
     detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, r * kl, true);

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
+
+#include "cocemu/runtime/checked.h"
 
 namespace cocemu {
 
@@ -104,17 +107,33 @@ class BlockCache {
   std::size_t cached_ = 0;
 };
 
-std::shared_ptr<std::byte[]> allocate(std::size_t bytes) {
+enum class Fill { zeros, none };
+
+std::shared_ptr<std::byte[]> allocate(std::size_t bytes, Fill fill) {
   const std::size_t n = bytes ? bytes : 1;
   std::byte* p = BlockCache::instance().get(n);
-  std::memset(p, 0, n);
+  if (fill == Fill::zeros) {
+    std::memset(p, 0, n);
+  } else {
+    static const bool poison = [] {
+      const char* v = std::getenv("COCEMU_POISON_EMPTY");
+      return v && parse_integer("COCEMU_POISON_EMPTY", v, 0, 1) == 1;
+    }();
+    if (poison) std::memset(p, 0xFF, n);
+  }
   return std::shared_ptr<std::byte[]>(p, [n](std::byte* q) { BlockCache::instance().put(q, n); });
 }
 }  // namespace
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = shape_only(shape, dtype);
-  t.storage_ = allocate(t.nbytes());
+  t.storage_ = allocate(t.nbytes(), Fill::zeros);
+  return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  Tensor t = shape_only(shape, dtype);
+  t.storage_ = allocate(t.nbytes(), Fill::none);
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "cocemu/runtime/tensor.h"
@@ -135,6 +136,17 @@ TEST(Tensor, FormatsBytes) {
   EXPECT_EQ(format_bytes(512), "512B");
   EXPECT_EQ(format_bytes(4096), "4KiB");
   EXPECT_EQ(format_bytes(2621440), "2.5MiB");
+}
+
+TEST(Tensor, EmptyStorageIsPoisonedInTests) {
+  // The test library sets COCEMU_POISON_EMPTY=1: unwritten output elements read as NaN.
+  ASSERT_STREQ(std::getenv("COCEMU_POISON_EMPTY"), "1");
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const Tensor e = Tensor::empty({5, 3}, t);
+    for (std::int64_t i = 0; i < e.numel(); ++i)
+      EXPECT_TRUE(std::isnan(e.item(i))) << name_of(t) << " element " << i;
+  }
+  EXPECT_EQ(Tensor::zeros({7}, DType::f32).item(6), 0.0);
 }
 
 }  // namespace

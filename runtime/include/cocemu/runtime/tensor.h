@@ -44,6 +44,11 @@ class Tensor {
 
   /// Zero-initialised tensor with its own storage (64-byte aligned).
   static Tensor zeros(const Shape& shape, DType dtype);
+  /// Storage with unspecified contents (PyTorch's `torch.empty`), for outputs whose every element
+  /// is written before it is read: GEMM and collective outputs. With the environment variable
+  /// COCEMU_POISON_EMPTY=1 (set for the test suite) every byte is 0xFF, a NaN in every floating
+  /// dtype, so an element that is read before it is written shows in the results.
+  static Tensor empty(const Shape& shape, DType dtype);
   /// A tensor with a shape and dtype but no storage (dry-run mode).
   static Tensor shape_only(const Shape& shape, DType dtype);
   /// Copies `values` (converted from T) into a new tensor of `dtype`.

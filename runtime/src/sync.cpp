@@ -154,7 +154,10 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
   // come from threads that need the cores, so sleep until the last one is near.
   if (std::int32_t(target - load()) > std::int32_t(std::min<std::uint32_t>(yield_within, 1u << 30)))
     sleep_phase(target - yield_within);
-  for (int i = 0; i < 64; ++i) {
+  // A short spin only: with more rank and stream threads than cores the signal usually comes
+  // from a thread that is not running, and every PAUSE delays the yield that would let it run
+  // (4 KiB all_reduce, 8 ranks: 64 spins 38 us, 8 spins 25 us; 512 spins 80 us).
+  for (int i = 0; i < 8; ++i) {
     if (reached(target)) return;
 #if defined(__x86_64__)
     __builtin_ia32_pause();

@@ -212,6 +212,7 @@ TEST(CliRobustness, EnvironmentVariablesAreParsedStrictly) {
   std::ofstream(coc) << "customized_coc: {}\n";
   const std::string bench = "bench --dry-run --model llama2-7b --no-progress --coc-config " + coc +
                             " --out-dir " + ::testing::TempDir() + "/cocemu_env";
+  const std::string mlp = "mlpbench -n 2 --m 8 --hidden 8 --ffn 8 --repeats 1";
   struct Var {
     std::string name, command;
     std::vector<std::string> valid;
@@ -219,7 +220,8 @@ TEST(CliRobustness, EnvironmentVariablesAreParsedStrictly) {
   const std::vector<Var> vars = {
       {"COCEMU_TIMEOUT_MS", run, {}},      {"COCEMU_SCHEDULE_SEED", run, {"4294967298"}},
       {"COCEMU_WAIT_YIELDS", run, {}},     {"COC_PARALLEL_NUM", bench, {}},
-      {"USE_COC_FUSED_KERNEL", bench, {}}, {"CC_MODE", bench, {"-1"}}};
+      {"USE_COC_FUSED_KERNEL", bench, {}}, {"CC_MODE", bench, {"-1"}},
+      {"COCEMU_POISON_EMPTY", mlp, {}}};
   const std::vector<std::string> probes = {"''",  "-1",   "4294967298", "18446744073709551616",
                                            "abc", "' 5'", "1e3"};
   Tally t;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string_view>
 
 #include "../intervals.h"
@@ -110,8 +111,7 @@ double p2p_ns(const DeviceProfile& p, double bytes, int a, int b) {
 }  // namespace
 
 TrainReport model_step(const TrainSetup& setup) {
-  StepMemo memo(setup.profile);  // buckets of one size share their collective's price
-  return replay_step(setup, emulate_parts(setup), &memo);
+  return replay_step(setup, emulate_parts(setup));
 }
 
 namespace {
@@ -189,6 +189,8 @@ double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t 
 
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
                         bool record_pipeline) {
+  std::optional<StepMemo> own_memo;  // without one, equal buckets still share their prices
+  if (!memo) memo = &own_memo.emplace(setup.profile);
   const auto& o = setup.options;
   const TrainLayout& l = o.layout;
   const DeviceProfile& prof = *setup.profile;
@@ -238,16 +240,9 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     link_ns[std::size_t(s)] = p2p_ns(prof, act_bytes, per_stage * s, per_stage * ((s + 1) % pp));
 
   // Replay: every stage runs its actions in order; an action waits for its input's transfer.
-  std::vector<std::vector<PipelineAction>> own(memo ? 0 : std::size_t(pp));
   std::vector<const std::vector<PipelineAction>*> actions(static_cast<std::size_t>(pp));
-  for (int s = 0; s < pp; ++s) {
-    if (memo) {
-      actions[std::size_t(s)] = &memo->actions(l.schedule, pp, vpp, m, s);
-    } else {
-      own[std::size_t(s)] = layers::train::pipeline_actions(l.schedule, pp, vpp, m, s);
-      actions[std::size_t(s)] = &own[std::size_t(s)];
-    }
-  }
+  for (int s = 0; s < pp; ++s)
+    actions[std::size_t(s)] = &memo->actions(l.schedule, pp, vpp, m, s);
   // End time of every action, by (stage, direction, micro-batch, chunk); NaN: not run yet.
   std::vector<double> done_at(std::size_t(pp) * 2 * std::size_t(m) * std::size_t(vpp), NAN);
   auto done = [&](int stage, bool fwd, int mb, int chunk) -> double& {
@@ -329,14 +324,9 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       optimizer_ns(static_cast<std::size_t>(pp)), exposed_dp(static_cast<std::size_t>(pp), 0);
   // Gradients are reduced over dp × cp (rank = tp + tp·(cp + cp·(dp + dp·pp))).
   const int dpc = l.dp * l.cp;
-  std::vector<int> dp_members(static_cast<std::size_t>(dpc));
   for (int s = 0; s < pp; ++s) {
-    for (int i = 0; i < dpc; ++i)
-      dp_members[std::size_t(i)] = l.tp * i + per_stage * s;
     auto dp_price = [&](CollOp op, std::int64_t count, DType t, std::uint64_t bytes) {
-      if (memo) return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes, det);
-      return model_collective(prof, op, dp_members, count, t, bytes, Algorithm::automatic, det)
-          .cost.total_ns;
+      return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes, det);
     };
     // (ready time, elements) of every parameter.
     std::vector<std::pair<double, double>> params;
@@ -410,18 +400,8 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   }
   // The grad-norm all-reduce joins every stage, then each stage updates.
   const DType norm_t = l.dtype == DType::f64 ? DType::f64 : DType::f32;
-  double norm_ns = 0;
-  if (memo) {
-    norm_ns = memo->price(CollOp::all_reduce, 0, 1, rep.world, 1, norm_t,
-                          std::uint64_t(grad_bytes_each), det);
-  } else {
-    std::vector<int> everyone(static_cast<std::size_t>(rep.world));
-    for (int r = 0; r < rep.world; ++r)
-      everyone[std::size_t(r)] = r;
-    norm_ns = model_collective(prof, CollOp::all_reduce, everyone, 1, norm_t,
-                               std::uint64_t(grad_bytes_each), Algorithm::automatic, det)
-                  .cost.total_ns;
-  }
+  const double norm_ns = memo->price(CollOp::all_reduce, 0, 1, rep.world, 1, norm_t,
+                                     std::uint64_t(grad_bytes_each), det);
   const double sync = *std::max_element(stage_end.begin(), stage_end.end()) + norm_ns;
   const double iteration = sync + *std::max_element(optimizer_ns.begin(), optimizer_ns.end());
   rep.iteration_ns = std::int64_t(std::llround(iteration));

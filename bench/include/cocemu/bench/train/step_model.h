@@ -50,7 +50,8 @@ class StepMemo {
 };
 
 /// The step from given parts (emulated, or priced by part_model.h): the schedule replay, the DP
-/// reductions and the optimizer, as above. `memo` (optional) must be on setup's profile;
+/// reductions and the optimizer, as above. `memo` (shared between calls, e.g. a search's
+/// candidates; one of its own otherwise) must be on setup's profile;
 /// without `record_pipeline` the report's pipeline picture stays empty (searches).
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo = nullptr,
                         bool record_pipeline = true);

@@ -152,7 +152,7 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
   };
   // Far from the target (a host waiting for a stream's whole queue): the signals in between
   // come from threads that need the cores, so sleep until the last one is near.
-  if (std::int32_t(target - load()) > std::int32_t(std::min<std::uint32_t>(yield_within, 1u << 30)))
+  if (yield_within != ~0u && std::int32_t(target - load()) > std::int32_t(yield_within))
     sleep_phase(target - yield_within);
   // A short spin only: with more rank and stream threads than cores the signal usually comes
   // from a thread that is not running, and every PAUSE delays the yield that would let it run

@@ -411,20 +411,23 @@ void World::throw_remote_failure(int rank, const std::string& waiting_for) const
                           waiting_for, who, what));
 }
 
+World::LaneActivity& World::RankActivity::touch(int lane) {
+  if (lanes.size() <= std::size_t(lane)) lanes.resize(std::size_t(lane) + 1);
+  LaneActivity& l = lanes[std::size_t(lane)];
+  l.touched = true;
+  return l;
+}
+
 void World::set_activity(int rank, int lane, std::string text) {
   RankActivity& a = *activity_[std::size_t(rank)];
   std::lock_guard lock(a.mu);
-  if (a.lanes.size() <= std::size_t(lane)) a.lanes.resize(std::size_t(lane) + 1);
-  a.lanes[std::size_t(lane)].touched = true;
-  a.lanes[std::size_t(lane)].text = std::move(text);
+  a.touch(lane).text = std::move(text);
 }
 
 void World::set_running(int rank, int lane, const OpRecord* op) {
   RankActivity& a = *activity_[std::size_t(rank)];
   std::lock_guard lock(a.mu);
-  if (a.lanes.size() <= std::size_t(lane)) a.lanes.resize(std::size_t(lane) + 1);
-  LaneActivity& l = a.lanes[std::size_t(lane)];
-  l.touched = true;
+  LaneActivity& l = a.touch(lane);
   l.op = op;
   l.text.clear();
 }

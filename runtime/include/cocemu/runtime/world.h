@@ -214,6 +214,7 @@ class World {
   struct RankActivity {
     mutable std::mutex mu;
     std::vector<LaneActivity> lanes;
+    LaneActivity& touch(int lane);  ///< the lane's entry, created if new (caller holds mu)
   };
   std::vector<std::unique_ptr<RankActivity>> activity_;
   std::mutex shared_mu_;

@@ -171,9 +171,13 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
     if (!v) return 2000;
     return int(parse_integer("COCEMU_WAIT_YIELDS", v, 0, 1000000));
   }();
+  // The yields are bounded in time too: on a loaded machine one yield can take a millisecond,
+  // and 2000 of them would outlast the timeout, which only the sleep phase checks.
+  const auto yield_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
   for (int i = 0; i < yields; ++i) {
     if (reached(target)) return;
     sched_yield();
+    if (i % 16 == 15 && std::chrono::steady_clock::now() >= yield_until) break;
   }
   sleep_phase(target);
 }

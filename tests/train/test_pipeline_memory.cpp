@@ -40,7 +40,9 @@ TEST(Pipeline, EverySchedulePassesEachMicroBatchOnceInOrder) {
         } else {
           ASSERT_TRUE(fwd_at.count(key)) << "backward before forward";
           auto [it, fresh] = last_bwd_mb.emplace(key.second, key.first);
-          if (!fresh) EXPECT_EQ(key.first, it->second + 1) << "backwards out of order";
+          if (!fresh) {
+            EXPECT_EQ(key.first, it->second + 1) << "backwards out of order";
+          }
           it->second = key.first;
         }
       }
@@ -195,14 +197,16 @@ TEST(Memory, LayerActivationsMatchKorthikantiClosedForms) {
                      s * b * h * (10 + 24.0 / t + 5 * a * s / (h * t)))
         << "tp " << t;
     l.sequence_parallel = true;
-    if (t > 1)
+    if (t > 1) {
       EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)),
                        s * b * h / t * (34 + 5 * a * s / h))
           << "tp " << t << " SP";
+    }
     l.recompute = Recompute::selective;
-    if (t > 1)
+    if (t > 1) {
       EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)), 34 * s * b * h / t)
           << "tp " << t << " SP + selective";
+    }
     l.sequence_parallel = false;
     EXPECT_DOUBLE_EQ(sum(bench::layer_activations(m, l, style)), s * b * h * (10 + 24.0 / t))
         << "tp " << t << " selective";

@@ -125,6 +125,7 @@ class Evaluator {
   }
 
   std::size_t memo_sizes() const { return parts_.size() + collectives_.size(); }
+  StepMemo* memo() { return &collectives_; }
 
  private:
   using Map = tbb::concurrent_hash_map<std::string, std::shared_ptr<const PartsEntry>>;
@@ -207,7 +208,7 @@ std::vector<TrainLayout> enumerate_layouts(const PlanQuery& r) {
   return out;
 }
 
-std::string prune_reason(const PlanQuery& r, const TrainLayout& l) {
+std::string prune_reason(const PlanQuery& r, const TrainLayout& l, StepMemo* memo) {
   const auto& m = r.model;
   if (m.heads % l.tp || m.kv() % l.tp || m.ffn % l.tp)
     return "tp does not divide the heads, KV heads or ffn";
@@ -232,7 +233,7 @@ std::string prune_reason(const PlanQuery& r, const TrainLayout& l) {
   } catch (const Error&) {
     return "other Megatron/MindFormers rule";
   }
-  const MemoryEstimate mem = estimate_memory(m, l, *r.profile);
+  const MemoryEstimate mem = estimate_memory(m, l, *r.profile, memo);
   if (mem.oom) return "out of memory";
   return "";
 }
@@ -297,7 +298,7 @@ std::optional<PlanCandidate> heuristic_search(const PlanQuery& r, Evaluator& ev,
     if (std::int64_t(l.tp) * l.cp * l.pp > world || world % (l.tp * l.cp * l.pp)) return false;
     if (l.pp > r.model.num_layers || (l.vpp > 1 && l.pp < 2)) return false;
     if (l.distributed_optimizer && l.dp * l.cp == 1) return false;
-    return prune_reason(r, l).empty();
+    return prune_reason(r, l, ev.memo()).empty();
   };
   auto with_dp = [&](TrainLayout l) {
     if (l.tp * l.cp * l.pp > 0 && world % (l.tp * l.cp * l.pp) == 0)  // halving 1 gives 0
@@ -407,13 +408,14 @@ Assessed assess(const PlanQuery& q, Evaluator& ev, TrainLayout l) {
       for (std::int64_t k = 0; k < extra; ++k)
         ++even.stage_layers[std::size_t(k)];
     }
-    if (std::string why = prune_reason(q, even); !why.empty()) return {std::move(why), {}};
+    if (std::string why = prune_reason(q, even, ev.memo()); !why.empty())
+      return {std::move(why), {}};
     l.stage_layers = balanced_stages(ev.parts(ev.setup_for(l))->parts, l.pp, q.model.num_layers);
     if (std::all_of(l.stage_layers.begin(), l.stage_layers.end(),
                     [&](std::int64_t n) { return n == l.stage_layers.front(); }))
       l.stage_layers.clear();
   }
-  if (std::string why = prune_reason(q, l); !why.empty()) return {std::move(why), {}};
+  if (std::string why = prune_reason(q, l, ev.memo()); !why.empty()) return {std::move(why), {}};
   return {"", ev.evaluate(l)};
 }
 

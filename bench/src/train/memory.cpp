@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cocemu/bench/train/step_model.h"
 #include "cocemu/bench/train/train_report.h"
 #include "cocemu/layers/train/pipeline.h"
 
@@ -63,8 +64,11 @@ std::vector<MemoryTerm> layer_activations(const DecoderShape& m, const TrainLayo
 }
 
 int peak_chunks_in_flight(const TrainLayout& l, int stage) {
-  const auto actions =
-      layers::train::pipeline_actions(l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage);
+  return peak_chunks_in_flight(
+      layers::train::pipeline_actions(l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage));
+}
+
+int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions) {
   int now = 0, peak = 0;
   for (const auto& a : actions) {
     now += a.forward ? 1 : -1;
@@ -120,7 +124,7 @@ double model_flops_per_iteration(const DecoderShape& m, const TrainLayout& l) {
 }
 
 MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
-                               const DeviceProfile& profile) {
+                               const DeviceProfile& profile, StepMemo* memo) {
   const double e = double(size_of(l.dtype)), wide = l.dtype == DType::f64 ? 8 : 4;
   const double tokens = double(m.seq) / l.cp * double(l.micro_batch_size);
   const double outside = l.sequence_parallel && l.tp > 1 ? l.tp : 1;
@@ -139,34 +143,50 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
   double full_layer = 0;
   for (const auto& t : layer_activations(m, no_recompute, style))
     full_layer += t.bytes;
-  MemoryEstimate best;
-  for (int stage = 0; stage < l.pp; ++stage) {
-    MemoryEstimate est;
-    est.stage = stage;
+  // A stage's terms; with `out` null only their sum (the fullest stage is found first, then
+  // its terms are named).
+  auto stage_bytes = [&](int stage, std::vector<MemoryTerm>* out) {
+    double sum = 0;
+    auto add = [&](auto&& name, double bytes) {
+      sum += bytes;
+      if (out) out->push_back({std::string(name), bytes});
+    };
     const double params = stage_parameters(m, l, stage);
     const double per_chunk = layers_on_stage(m, l, stage) / l.vpp;
-    const int in_flight = peak_chunks_in_flight(l, stage);
-    est.terms.push_back({"parameters", params * e});
-    est.terms.push_back({"gradients (main_grad)", params * wide});
-    est.terms.push_back(
-        {l.distributed_optimizer ? "optimizer state (sharded over dp)" : "optimizer state",
-         params * 3 * wide / (l.distributed_optimizer ? l.dp : 1)});
-    est.terms.push_back({fmt::format("activations ({} micro-batch chunks in flight)", in_flight),
-                         double(in_flight) * per_chunk * per_layer});
-    if (l.recompute == Recompute::full)
-      est.terms.push_back({"recompute working set (one layer)", full_layer});
+    const int in_flight =
+        memo ? memo->peak_chunks_in_flight(l, stage) : peak_chunks_in_flight(l, stage);
+    add("parameters", params * e);
+    add("gradients (main_grad)", params * wide);
+    add(l.distributed_optimizer ? "optimizer state (sharded over dp)" : "optimizer state",
+        params * 3 * wide / (l.distributed_optimizer ? l.dp : 1));
+    const double activations = double(in_flight) * per_chunk * per_layer;
+    if (out)
+      add(fmt::format("activations ({} micro-batch chunks in flight)", in_flight), activations);
+    else
+      sum += activations;
+    if (l.recompute == Recompute::full) add("recompute working set (one layer)", full_layer);
     if (stage == l.pp - 1) {
       const double logits =
           tokens * double(layers::train::padded_vocab(m.vocab, l.tp)) / l.tp * (e + 4);
-      est.terms.push_back({"logits and cross-entropy (f32)", double(in_flight) * logits});
+      add("logits and cross-entropy (f32)", double(in_flight) * logits);
     }
-    est.terms.push_back({"communication buffers (p2p, SP all-gather)",
-                         (l.pp > 1 ? 4 * e * tokens * double(m.hidden) / outside : 0) +
-                             (outside > 1 ? e * tokens * double(std::max(m.hidden, m.ffn)) : 0)});
-    for (const auto& t : est.terms)
-      est.peak_bytes += t.bytes;
-    if (stage == 0 || est.peak_bytes > best.peak_bytes) best = std::move(est);
-  }
+    add("communication buffers (p2p, SP all-gather)",
+        (l.pp > 1 ? 4 * e * tokens * double(m.hidden) / outside : 0) +
+            (outside > 1 ? e * tokens * double(std::max(m.hidden, m.ffn)) : 0));
+    return sum;
+  };
+  int fullest = 0;
+  double most = 0;
+  for (int stage = 0; stage < l.pp; ++stage)
+    if (const double bytes = stage_bytes(stage, nullptr); stage == 0 || bytes > most) {
+      fullest = stage;
+      most = bytes;
+    }
+  MemoryEstimate best;
+  best.stage = fullest;
+  stage_bytes(fullest, &best.terms);
+  for (const auto& t : best.terms)
+    best.peak_bytes += t.bytes;
   best.capacity_bytes = profile.memory_capacity;
   if (best.capacity_bytes <= 0) {
     best.verdict = fmt::format("needs {} on stage {}; the profile gives no device memory",

@@ -5,7 +5,7 @@
 #include "cocemu/bench/plan/part_model.h"
 
 #include <fmt/format.h>
-#include <tbb/concurrent_hash_map.h>
+#include <tbb/concurrent_unordered_map.h>
 
 #include <algorithm>
 #include <cmath>
@@ -127,7 +127,7 @@ struct CollectiveKey {
   bool operator==(const CollectiveKey&) const = default;
 };
 struct CollectiveKeyHash {
-  static std::size_t hash(const CollectiveKey& k) {
+  std::size_t operator()(const CollectiveKey& k) const {
     std::size_t h = std::hash<std::int64_t>()(k.count);
     for (const std::uint64_t v :
          {std::uint64_t(k.op), std::uint64_t(k.dtype), std::uint64_t(k.first),
@@ -135,27 +135,56 @@ struct CollectiveKeyHash {
       h = h * 1000003u ^ std::hash<std::uint64_t>()(v);
     return h;
   }
-  static bool equal(const CollectiveKey& a, const CollectiveKey& b) { return a == b; }
+};
+
+struct ScheduleKey {
+  layers::train::PipelineSchedule schedule;
+  int pp, vpp, m, stage;
+  bool operator==(const ScheduleKey&) const = default;
+};
+struct ScheduleKeyHash {
+  std::size_t operator()(const ScheduleKey& k) const {
+    std::size_t h = std::size_t(k.schedule);
+    for (const int v : {k.pp, k.vpp, k.m, k.stage})
+      h = h * 1000003u ^ std::hash<int>()(v);
+    return h;
+  }
+};
+
+/// A schedule's actions and the most micro-batch chunks it holds at once.
+struct ScheduleEntry {
+  std::vector<PipelineAction> actions;
+  int peak_in_flight = 0;
 };
 
 }  // namespace
 
+// Lookups only read: concurrent_unordered_map finds without taking a lock, so threads that share
+// hot entries do not bounce a lock's cache line between cores (concurrent_hash_map's accessors
+// write one per lookup). A miss is priced outside the map; two threads that miss the same key
+// at once both price it, with the same result, and the first insert stays.
 struct StepMemo::Impl {
-  tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash> prices;
-  tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>> actions;
+  tbb::concurrent_unordered_map<CollectiveKey, double, CollectiveKeyHash> prices;
+  tbb::concurrent_unordered_map<ScheduleKey, ScheduleEntry, ScheduleKeyHash> schedules;
+
+  const ScheduleEntry& schedule(layers::train::PipelineSchedule s, int pp, int vpp, int m,
+                                int stage) {
+    const ScheduleKey key{s, pp, vpp, m, stage};
+    if (const auto it = schedules.find(key); it != schedules.end()) return it->second;
+    ScheduleEntry e;
+    e.actions = layers::train::pipeline_actions(s, pp, vpp, m, stage);
+    e.peak_in_flight = bench::peak_chunks_in_flight(e.actions);
+    return schedules.emplace(key, std::move(e)).first->second;  // elements never move
+  }
 };
 
 const std::vector<PipelineAction>& StepMemo::actions(layers::train::PipelineSchedule s, int pp,
                                                      int vpp, int m, int stage) {
-  const std::string key = fmt::format("{} {} {} {} {}", int(s), pp, vpp, m, stage);
-  {
-    tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>>::const_accessor a;
-    if (impl_->actions.find(a, key)) return a->second;  // elements are never erased or moved
-  }
-  tbb::concurrent_hash_map<std::string, std::vector<PipelineAction>>::accessor a;
-  if (impl_->actions.insert(a, key))
-    a->second = layers::train::pipeline_actions(s, pp, vpp, m, stage);
-  return a->second;
+  return impl_->schedule(s, pp, vpp, m, stage).actions;
+}
+
+int StepMemo::peak_chunks_in_flight(const TrainLayout& l, int stage) {
+  return impl_->schedule(l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage).peak_in_flight;
 }
 
 StepMemo::StepMemo(std::shared_ptr<const DeviceProfile> profile)
@@ -170,21 +199,14 @@ double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t 
   // A group shifted by whole nodes crosses the same links: its price is the same.
   first %= profile_->topology.devices_per_node;
   const CollectiveKey key{op, dtype, first, stride, size, count, bytes, deterministic};
-  {
-    tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::const_accessor a;
-    if (impl_->prices.find(a, key)) return a->second;
-  }
-  // The first thread to miss prices it while holding the entry; others wait for it rather than
-  // price it again.
-  tbb::concurrent_hash_map<CollectiveKey, double, CollectiveKeyHash>::accessor a;
-  if (!impl_->prices.insert(a, key)) return a->second;
+  if (const auto it = impl_->prices.find(key); it != impl_->prices.end()) return it->second;
   std::vector<int> members(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i)
     members[std::size_t(i)] = first + i * stride;
-  a->second = model_collective(*profile_, op, members, count, dtype, bytes, Algorithm::automatic,
-                               deterministic)
-                  .cost.total_ns;
-  return a->second;
+  const double ns = model_collective(*profile_, op, members, count, dtype, bytes,
+                                     Algorithm::automatic, deterministic)
+                        .cost.total_ns;
+  return impl_->prices.emplace(key, ns).first->second;
 }
 
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
@@ -211,8 +233,13 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
                  eb = parts.embedding_bwd, sf = parts.loss_fwd, sb = parts.loss_bwd;
   const int pp = l.pp, vpp = l.vpp, m = int(l.micro_batches());
   const int per_stage = rep.world / pp;
+  std::vector<double> layer_count(std::size_t(pp) * std::size_t(vpp));  // by (stage, chunk)
+  for (int s = 0; s < pp; ++s)
+    for (int c = 0; c < vpp; ++c)
+      layer_count[std::size_t(s) * std::size_t(vpp) + std::size_t(c)] =
+          double(layers::train::layers_of(o.model, l, s, c).count);
   auto layers_in = [&](int s, int c) {
-    return double(layers::train::layers_of(o.model, l, s, c).count);
+    return layer_count[std::size_t(s) * std::size_t(vpp) + std::size_t(c)];
   };
   // One action of stage s: its chunk's layers, plus the embedding on the first chunk of the
   // first stage and the loss on the last chunk of the last.
@@ -257,7 +284,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       exposed_cp_sum(static_cast<std::size_t>(pp), 0);
   std::vector<double> fwd_link_free(static_cast<std::size_t>(pp), 0),
       bwd_link_free(static_cast<std::size_t>(pp), 0);
-  std::vector<std::vector<std::pair<double, double>>> spans(static_cast<std::size_t>(pp));
+  double first_start = INFINITY, last_end = 0;  // the span of all stages' actions
   std::size_t remaining = 0;
   for (const auto& a : actions)
     remaining += a->size();
@@ -297,7 +324,8 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
         const PartCost cost = action_cost(s, a);
         const double d = cost.ns;
         done(s, a.forward, a.micro_batch, a.chunk) = ready + d;
-        spans[std::size_t(s)].push_back({ready, ready + d});
+        first_start = std::min(first_start, ready);
+        last_end = std::max(last_end, ready + d);
         if (record_pipeline)
           rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
                                   std::int64_t(ready), std::int64_t(ready + d)});
@@ -328,23 +356,6 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     auto dp_price = [&](CollOp op, std::int64_t count, DType t, std::uint64_t bytes) {
       return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes, det);
     };
-    // (ready time, elements) of every parameter.
-    std::vector<std::pair<double, double>> params;
-    for (int c = vpp - 1; c >= 0; --c) {
-      const double end = done(s, false, m - 1, c);
-      const double start = end - duration(s, {false, m - 1, c});
-      double at = start;
-      if (s == pp - 1 && c == vpp - 1) {
-        at += sb.ns;
-        params.push_back({at, vocab_rows * h});
-      }
-      for (double k = 0; k < layers_in(s, c); ++k) {
-        at += lb.ns;
-        for (const double p : layer_params)
-          params.push_back({at, p / l.tp});
-      }
-      if (s == 0 && c == 0) params.push_back({end, vocab_rows * h});
-    }
     double dp_free = 0, bucket = 0, ready = 0, held = 0, owned = 0, gather_ns = 0;
     // The stage's compute end; a reduction overlapping compute slows it (and is slowed).
     double compute_end = free_at[std::size_t(s)];
@@ -368,7 +379,8 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       bucket = 0;
       held = 0;
     };
-    for (const auto& [t, n] : params) {
+    // Every parameter, as its gradient becomes final (ready time, elements), joins a bucket.
+    auto add = [&](double t, double n) {
       bucket += n;
       held += 1;
       // Without --overlap-grad-reduce every reduction waits for the end of the backward.
@@ -376,6 +388,21 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       if ((l.bucket_params > 0 && held >= l.bucket_params) ||
           (l.bucket_params == 0 && bucket >= cap))
         launch();
+    };
+    for (int c = vpp - 1; c >= 0; --c) {
+      const double end = done(s, false, m - 1, c);
+      const double start = end - duration(s, {false, m - 1, c});
+      double at = start;
+      if (s == pp - 1 && c == vpp - 1) {
+        at += sb.ns;
+        add(at, vocab_rows * h);
+      }
+      for (double k = 0, n = layers_in(s, c); k < n; ++k) {
+        at += lb.ns;
+        for (const double p : layer_params)
+          add(at, p / l.tp);
+      }
+      if (s == 0 && c == 0) add(end, vocab_rows * h);
     }
     launch();
     const double last = compute_end;
@@ -409,15 +436,9 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   rep.tokens_per_s = double(l.global_batch_size * o.model.seq) / seconds;
   rep.tflops_per_device = model_flops_per_iteration(o.model, l) / rep.world / seconds / 1e12;
   rep.mfu = rep.tflops_per_device * 1e12 / prof.peak(l.dtype);
-  double lo = INFINITY, hi = 0;
-  for (const auto& sp : spans)
-    for (const auto& [s, e] : sp) {
-      lo = std::min(lo, s);
-      hi = std::max(hi, e);
-    }
   double idle = 0, tp = 0, cps = 0, pps = 0, dps = 0;
   for (int s = 0; s < pp; ++s) {
-    idle += 1 - busy[std::size_t(s)] / (hi - lo);
+    idle += 1 - busy[std::size_t(s)] / (last_end - first_start);
     tp += exposed_tp_sum[std::size_t(s)];
     cps += exposed_cp_sum[std::size_t(s)];
     pps += exposed_pp[std::size_t(s)];
@@ -426,7 +447,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   rep.bubble_fraction = idle / pp;
   rep.ideal_bubble_fraction = layers::train::ideal_bubble_fraction(pp, vpp, m);
   rep.exposed_comm_ns = {{"TP", tp / pp}, {"CP", cps / pp}, {"DP", dps / pp}, {"PP", pps / pp}};
-  rep.memory = estimate_memory(o.model, l, prof);
+  rep.memory = estimate_memory(o.model, l, prof, memo);
   return rep;
 }
 

@@ -88,7 +88,9 @@ PlanResult plan(const PlanQuery& request);
 /// The space as plan enumerates it, before pruning (for tests that enumerate independently).
 std::vector<layers::train::TrainLayout> enumerate_layouts(const PlanQuery& request);
 /// Why plan prunes a layout ("" = it is evaluated), and its evaluation.
-std::string prune_reason(const PlanQuery& request, const layers::train::TrainLayout& layout);
+/// `memo` (optional): the search's shared schedules, for the memory estimate.
+std::string prune_reason(const PlanQuery& request, const layers::train::TrainLayout& layout,
+                         StepMemo* memo = nullptr);
 PlanCandidate evaluate_candidate(const PlanQuery& request,
                                  const layers::train::TrainLayout& layout);
 

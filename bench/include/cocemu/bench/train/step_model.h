@@ -41,6 +41,8 @@ class StepMemo {
   /// pipeline_actions(schedule, pp, vpp, m, stage), computed once.
   const std::vector<layers::train::PipelineAction>& actions(layers::train::PipelineSchedule s,
                                                             int pp, int vpp, int m, int stage);
+  /// peak_chunks_in_flight(layout, stage), from the memoized actions.
+  int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
   std::size_t size() const;
 
  private:

@@ -64,9 +64,14 @@ std::vector<MemoryTerm> layer_activations(const layers::train::DecoderShape& mod
 /// Micro-batches whose activations a stage holds at once under the layout's schedule (counted
 /// from the schedule's order, in units of model chunks).
 int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
+/// The same, counted from a stage's action list.
+int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions);
+class StepMemo;
+/// Per-device memory of the layout's fullest stage. `memo` (optional) supplies the schedules'
+/// in-flight counts when many layouts are estimated (a search).
 MemoryEstimate estimate_memory(const layers::train::DecoderShape& model,
                                const layers::train::TrainLayout& layout,
-                               const DeviceProfile& profile);
+                               const DeviceProfile& profile, StepMemo* memo = nullptr);
 
 /// "41.2 GB", "3.1 MB", "12.0 kB" (decimal units, as device memory is quoted).
 std::string decimal_bytes(double bytes);

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <new>
 
+#include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/error.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
+  cocemu::blas::restart_without_server_threads(argv);
   CLI::App app{
       "cocemu: emulate an N-rank accelerator node on this computer (real numerics, "
       "modeled device time)"};

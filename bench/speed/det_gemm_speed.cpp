@@ -57,6 +57,7 @@ double seconds_of(int threads, int reps, const Shape& s, bool det,
 }  // namespace
 
 int main(int argc, char** argv) {
+  cocemu::blas::restart_without_server_threads(argv);
   const int threads = argc > 1 ? std::atoi(argv[1]) : 8;
   const int runs = argc > 2 ? std::atoi(argv[2]) : 5;
   if (threads < 1 || threads > 64 || runs < 1 || runs > 100) {

@@ -2,7 +2,27 @@
 
 #include <cblas.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+
 namespace cocemu::blas {
+
+namespace {
+// A static initializer of the runtime runs after the shared libraries' (OpenBLAS's included) and
+// before main.
+const int openblas_threads_at_load = openblas_get_num_threads();
+}  // namespace
+
+void restart_without_server_threads(char** argv) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
+  setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  execv("/proc/self/exe", argv);  // returns only on failure: run on, with the pool
+}
+
+int threads_at_load() {
+  return openblas_threads_at_load;
+}
 
 void init_thread() {
   openblas_set_num_threads(1);

@@ -358,5 +358,19 @@ TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {
   EXPECT_NE(bad.find("no-such-model"), std::string::npos) << bad;
 }
 
+TEST(BenchCli, StartsOpenBlasWithoutServerThreads) {
+  // Started without OPENBLAS_NUM_THREADS, the binary sets it and executes itself again, so that
+  // OpenBLAS loads without its idle thread pool; a value the user set is kept.
+  const std::string run =
+      std::string(COCEMU_BINARY) + " mlpbench -n 2 --m 64 --hidden 64 --ffn 128 --repeats 1";
+  int status = 0;
+  std::string out = testing::run_command("env -u OPENBLAS_NUM_THREADS " + run, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("server threads started at load: 0"), std::string::npos) << out;
+  out = testing::run_command("env OPENBLAS_NUM_THREADS=2 " + run, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("server threads started at load: 1"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace cocemu::bench

@@ -17,6 +17,12 @@ TEST(Blas, PthreadVariantIsLinked) {
       << "OpenBLAS config: " << blas::config() << " (0 = sequential, 1 = pthreads, 2 = OpenMP)";
 }
 
+TEST(Blas, TestsLoadOpenBlasWithoutServerThreads) {
+  // ctest sets OPENBLAS_NUM_THREADS=1 for every test, as the cocemu binary does for itself
+  // (restart_without_server_threads; its own test runs the binary without the variable).
+  EXPECT_EQ(blas::threads_at_load(), 1);
+}
+
 TEST(Blas, GemmMatchesNaiveProductInEveryDtype) {
   std::mt19937 rng(3);
   std::uniform_int_distribution<int> d(-4, 4);

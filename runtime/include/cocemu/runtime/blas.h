@@ -8,6 +8,17 @@
 
 namespace cocemu::blas {
 
+/// OpenBLAS's pthread build starts (cores − 1) server threads as it loads, and each spins on
+/// sched_yield for about 0.1 s before it sleeps; cocemu never gives them work (init_thread), so
+/// they only take cores from the ranks (a 2-thread `plan` search: 15% slower). OpenBLAS sizes the
+/// pool from OPENBLAS_NUM_THREADS when it loads, before main. Call first thing in main(): when
+/// the variable is unset, sets it to 1 and executes the program again (/proc/self/exe, same
+/// arguments), so that OpenBLAS loads without the pool. Returns when the variable was set (the
+/// user's value is kept) or the exec failed (the program then runs with the pool).
+void restart_without_server_threads(char** argv);
+/// OpenBLAS's thread count as the program loaded (before any init_thread): the server pool is
+/// this minus one.
+int threads_at_load();
 /// Makes OpenBLAS calls from the current thread single-threaded. Called by every worker.
 void init_thread();
 /// Threads OpenBLAS would use for a call from the current thread.

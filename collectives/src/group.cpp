@@ -29,9 +29,11 @@ void GroupState::barrier(int me, const std::function<std::string()>& what) {
   arrivals.wait_geq(std::uint32_t(k * std::uint64_t(size())), what);
 }
 
-bool GroupState::arrive(int me) {
-  const std::uint64_t k = ++members[std::size_t(me)].barriers;
-  return arrivals.add(1) == std::uint32_t(k * std::uint64_t(size()));
+std::uint32_t GroupState::join(int me, std::uint64_t seq, bool* last) {
+  const std::uint64_t k = ++members[std::size_t(me)].joined[slot_of(seq)];
+  const std::uint32_t all = std::uint32_t(k * std::uint64_t(size()));
+  *last = joins[slot_of(seq)].add(1) == all;
+  return all;
 }
 
 }  // namespace detail

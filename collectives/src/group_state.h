@@ -27,6 +27,14 @@ struct CallSignature {
 };
 std::string describe(const CallSignature& s, std::uint64_t seq);
 
+/// Calls a member may have joined and not finished: a stream keeps up to kSplitWindow small calls
+/// started (Stream::launch_split), so call s's slot is reused by call s + kCallSlots only after s
+/// is done.
+constexpr std::size_t kCallSlots = std::size_t(Stream::kSplitWindow);
+inline std::size_t slot_of(std::uint64_t seq) {
+  return std::size_t(seq % kCallSlots);
+}
+
 /// One member's published view of a call: written before the entry barrier, read by peers after.
 struct CallSlot {
   std::atomic<std::uint64_t> seq{~0ull};
@@ -61,12 +69,13 @@ struct CachedPlan {
 };
 
 struct Member {
-  std::array<CallSlot, 2> slots;  // by sequence parity
+  std::array<CallSlot, kCallSlots> slots;  // by slot_of(sequence)
   std::vector<std::byte> scratch;
   std::uint64_t barriers = 0;    // barriers this member has passed (worker side)
   std::uint64_t fast_calls = 0;  // small calls completed by their last arriver (worker side)
-  std::uint64_t host_seq = 0;    // next collective sequence number (host side)
-  Stream* stream = nullptr;      // where this member's ops run; null: its rank's comm stream
+  std::array<std::uint64_t, kCallSlots> joined{};  // calls joined, by slot (worker side)
+  std::uint64_t host_seq = 0;                      // next collective sequence number (host side)
+  Stream* stream = nullptr;  // where this member's ops run; null: its rank's comm stream
   std::vector<std::uint64_t> sends_to, recvs_from;  // p2p counters per peer (host side)
   std::vector<std::uint64_t> received_from;         // p2p counters per peer (worker side)
   std::map<std::pair<std::uint64_t, std::int64_t>, std::shared_ptr<const CachedPlan>> plans;
@@ -80,6 +89,10 @@ struct GroupState {
   std::vector<Member> members;
   Counter arrivals;   // group barrier
   Counter fast_done;  // small calls finished by their last arriving member
+  /// Members joining calls, by slot_of(sequence): every call starts with a join. A member may
+  /// join small calls up to s + kCallSlots − 1 before call s is done (Stream::launch_split),
+  /// never call s + kCallSlots, so calls sharing a counter never overlap.
+  std::array<Counter, kCallSlots> joins;
   std::vector<std::unique_ptr<Mailbox>> mailboxes;  // [src * n + dst]
 
   GroupState(int id_, std::string name_, std::vector<int> ranks_);
@@ -87,8 +100,9 @@ struct GroupState {
   Mailbox& mailbox(int src, int dst) { return *mailboxes[std::size_t(src * size() + dst)]; }
   /// Member `me` arrives at its next barrier and waits for all (bounded).
   void barrier(int me, const std::function<std::string()>& what);
-  /// Arrives at the next barrier without waiting; true if this member was the last to arrive.
-  bool arrive(int me);
+  /// Joins call `seq` without waiting. Returns the value of joins[slot_of(seq)] at which every
+  /// member has joined it; `last`: whether this member completed it.
+  std::uint32_t join(int me, std::uint64_t seq, bool* last);
 };
 
 }  // namespace cocemu::detail

@@ -90,7 +90,7 @@ bool runs_fast(const Plan& plan, const Call& call) {
 
 void publish(GroupState& gs, int me, std::uint64_t seq, const CallSignature& sig,
              const detail::MemberBuffers& mine, const Call& call) {
-  detail::CallSlot& slot = gs.members[std::size_t(me)].slots[seq & 1];
+  detail::CallSlot& slot = gs.members[std::size_t(me)].slots[detail::slot_of(seq)];
   slot.sig = sig;
   slot.in = mine.in;
   slot.out = mine.out;
@@ -104,7 +104,7 @@ std::string missing_members(GroupState& gs, std::uint64_t seq, const CallSignatu
   std::string missing;
   for (int j = 0; j < gs.size(); ++j) {
     const auto& m = gs.members[std::size_t(j)];
-    if (m.slots[seq & 1].seq.load() == seq) continue;
+    if (m.slots[detail::slot_of(seq)].seq.load() == seq) continue;
     std::uint64_t last = 0;
     bool any = false;
     for (const auto& s : m.slots) {
@@ -124,7 +124,7 @@ std::string missing_members(GroupState& gs, std::uint64_t seq, const CallSignatu
 /// After every member has published: all signatures must equal this member's.
 void check_signatures(GroupState& gs, int me, std::uint64_t seq, const CallSignature& sig) {
   for (int j = 0; j < gs.size(); ++j) {
-    const detail::CallSlot& other = gs.members[std::size_t(j)].slots[seq & 1];
+    const detail::CallSlot& other = gs.members[std::size_t(j)].slots[detail::slot_of(seq)];
     COCEMU_CHECK(other.sig == sig, Errc::mismatch,
                  "collective mismatch on group {}: world rank {} (group rank {}) called {}, but "
                  "world rank {} (group rank {}) called {}",
@@ -133,54 +133,74 @@ void check_signatures(GroupState& gs, int me, std::uint64_t seq, const CallSigna
   }
 }
 
-void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
-                  std::shared_ptr<const detail::CachedPlan> cached) {
-  const Plan* plan_ptr = &cached->plan;
-  const CallSignature& sig = call.sig;
+/// The member buffers a call's plan reads and writes, as every member published them.
+std::vector<detail::MemberBuffers> published_buffers(GroupState& gs, std::uint64_t seq) {
+  std::vector<detail::MemberBuffers> bufs(std::size_t(gs.size()));
+  for (int j = 0; j < gs.size(); ++j) {
+    const detail::CallSlot& s = gs.members[std::size_t(j)].slots[detail::slot_of(seq)];
+    bufs[std::size_t(j)] = {s.in, s.out, s.scratch};
+  }
+  return bufs;
+}
+
+/// Publishes this member's buffers for call `seq`.
+void publish_mine(GroupState& gs, int me, std::uint64_t seq, const Call& call, const Plan& plan) {
   detail::Member& member = gs.members[std::size_t(me)];
-  const std::size_t scratch_bytes = std::size_t(plan_ptr->scratch_elems) * acc_size(sig.dtype);
+  const std::size_t scratch_bytes = std::size_t(plan.scratch_elems) * acc_size(call.sig.dtype);
   if (member.scratch.size() < scratch_bytes) member.scratch.resize(scratch_bytes);
   detail::MemberBuffers mine{
       call.in.defined() && call.in.has_data() ? static_cast<std::byte*>(call.in.raw()) : nullptr,
       call.out.defined() && call.out.has_data() ? static_cast<std::byte*>(call.out.raw()) : nullptr,
       member.scratch.data()};
-  publish(gs, me, seq, sig, mine, call);
+  publish(gs, me, seq, call.sig, mine, call);
+}
+
+/// A small call's start (runs_fast): this member joins it, and the member that joins last
+/// executes every member's steps as one merged pass. Never waits for a peer, so a stream may
+/// join the next small call before this one is done (Stream::launch_split). Returns the value
+/// of `fast_done` that means this call is done.
+std::uint32_t start_fast_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
+                              const detail::CachedPlan& cached) {
+  publish_mine(gs, me, seq, call, cached.plan);
+  const std::uint32_t done = std::uint32_t(++gs.members[std::size_t(me)].fast_calls);
+  bool last = false;
+  gs.join(me, seq, &last);
+  if (last) {
+    // Every member joined this call, so each finished its previous one: the calls before this
+    // one are done, and their outputs (this call's inputs, in place) are written.
+    check_signatures(gs, me, seq, call.sig);
+    execute_plan(
+        cached.one_actor, 0, gs.size(), published_buffers(gs, seq), call.sig.dtype,
+        call.sig.reduce_op, [](int) {}, /*may_stream=*/false);
+    gs.fast_done.add(1);
+  }
+  return done;
+}
+
+void finish_fast_call(GroupState& gs, std::uint64_t seq, const CallSignature& sig,
+                      std::uint32_t done) {
+  gs.fast_done.wait_geq(done, [&] { return missing_members(gs, seq, sig); });
+}
+
+/// A call that is not small: every member runs its own steps, with a barrier per round.
+void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
+                  std::shared_ptr<const detail::CachedPlan> cached) {
+  const Plan* plan_ptr = &cached->plan;
+  const CallSignature& sig = call.sig;
+  publish_mine(gs, me, seq, call, *plan_ptr);
   const int n = gs.size();
-  const Plan& cached_plan = cached->plan;
-  if (runs_fast(cached_plan, call)) {
-    // Small call: the last member to arrive executes every member's steps.
-    detail::Member& self = gs.members[std::size_t(me)];
-    const std::uint32_t done_target = std::uint32_t(++self.fast_calls);
-    if (gs.arrive(me)) {
-      check_signatures(gs, me, seq, sig);
-      std::vector<detail::MemberBuffers> bufs(static_cast<std::size_t>(n));
-      for (int j = 0; j < n; ++j) {
-        const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
-        bufs[std::size_t(j)] = {s.in, s.out, s.scratch};
-      }
-      execute_plan(
-          cached->one_actor, 0, n, bufs, sig.dtype, sig.reduce_op, [](int) {},
-          /*may_stream=*/false);
-      gs.fast_done.add(1);
-    } else {
-      gs.fast_done.wait_geq(done_target, [&] { return missing_members(gs, seq, sig); });
-    }
-    return;
-  }
-  gs.barrier(me, [&] { return missing_members(gs, seq, sig); });
+  bool last = false;
+  const std::uint32_t all = gs.join(me, seq, &last);
+  gs.joins[detail::slot_of(seq)].wait_geq(all, [&] { return missing_members(gs, seq, sig); });
   check_signatures(gs, me, seq, sig);
-  std::vector<detail::MemberBuffers> bufs(static_cast<std::size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
-    bufs[std::size_t(j)] = {s.in, s.out, s.scratch};
-  }
+  const std::vector<detail::MemberBuffers> bufs = published_buffers(gs, seq);
   Plan exchange_plan;
   if (sig.op == CollOp::all_to_all && !call.send_counts.empty()) {
     // Explicit splits: what each rank receives must be what its peers send it. Every member
     // checks every pair, so all of them stop before anyone writes into a peer's buffer.
     PlanRequest req{sig.op, sig.algorithm, n, 0, 0, sig.deterministic, {}};
     for (int j = 0; j < n; ++j) {
-      const detail::CallSlot& s = gs.members[std::size_t(j)].slots[seq & 1];
+      const detail::CallSlot& s = gs.members[std::size_t(j)].slots[detail::slot_of(seq)];
       COCEMU_CHECK(s.send_counts.size() == std::size_t(n) && s.recv_counts.size() == std::size_t(n),
                    Errc::mismatch,
                    "all_to_all seq {} on group {}: group rank {} gave no split sizes while rank "
@@ -191,7 +211,8 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
     for (int j = 0; j < n; ++j)
       for (int p = 0; p < n; ++p) {
         const auto sent = req.send_counts[std::size_t(j)][std::size_t(p)];
-        const auto expected = gs.members[std::size_t(p)].slots[seq & 1].recv_counts[std::size_t(j)];
+        const auto expected =
+            gs.members[std::size_t(p)].slots[detail::slot_of(seq)].recv_counts[std::size_t(j)];
         COCEMU_CHECK(sent == expected, Errc::mismatch,
                      "all_to_all seq {} on group {}: group rank {} sends {} elements to group "
                      "rank {}, which expects {} (its output_splits)",
@@ -273,15 +294,33 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   const int me = g.rank();
   Group keep = g;
   // The op's detail names the group and sequence number in timeout reports.
-  comm.launch(std::move(spec), [keep, me, seq, call = std::move(call), cached] {
-    try {
-      execute_call(keep.state(), me, seq, call, cached);
-    } catch (...) {
-      // Peers may still be writing into this rank's buffers; keep them alive until the run ends.
-      keep.owner().world().keep_alive(std::make_shared<Call>(call));
-      throw;
-    }
-  });
+  if (runs_fast(cached->plan, call)) {
+    // Start and finish apart: a stream joins the next small call before this one is done.
+    auto done = std::make_shared<std::uint32_t>(0);
+    const CallSignature sig_copy = call.sig;
+    comm.launch_split(
+        std::move(spec), &g.state(),
+        [keep, me, seq, call = std::move(call), cached, done] {
+          try {
+            *done = start_fast_call(keep.state(), me, seq, call, *cached);
+          } catch (...) {
+            keep.owner().world().keep_alive(std::make_shared<Call>(call));
+            throw;
+          }
+        },
+        [keep, seq, sig = sig_copy, done] { finish_fast_call(keep.state(), seq, sig, *done); });
+  } else {
+    comm.launch(std::move(spec), [keep, me, seq, call = std::move(call), cached] {
+      try {
+        execute_call(keep.state(), me, seq, call, cached);
+      } catch (...) {
+        // Peers may still be writing into this rank's buffers; keep them alive until the run
+        // ends.
+        keep.owner().world().keep_alive(std::make_shared<Call>(call));
+        throw;
+      }
+    });
+  }
   Work w(&rank, comm.record());
   if (!o.async_op) w.wait();
   return w;

@@ -33,6 +33,8 @@ constexpr std::uint32_t kYieldWithinOps = 1;
 
 struct Task {
   std::function<void()> fn;
+  std::function<void()> finish;  // set: a split op, `fn` starts it (Stream::launch_split)
+  const void* chain = nullptr;   // split ops start ahead only behind ops of the same chain
   OpRecord* record = nullptr;
   const Counter* wait_on = nullptr;  // device-side wait on another stream
   std::uint32_t wait_target = 0;
@@ -73,46 +75,81 @@ struct StreamImpl {
     return error;
   }
 
+  /// Whether the next queued task is a split op of `chain` (the host pushes at the back only).
+  bool next_is_split(const void* chain) {
+    std::lock_guard lock(mu);
+    return !queue.empty() && queue.front().finish && queue.front().chain == chain;
+  }
+  Task pop() {
+    std::lock_guard lock(mu);
+    Task t = std::move(queue.front());
+    queue.pop_front();
+    return t;
+  }
+  /// Runs one part of a task (its whole `fn`, a split op's start or its finish) unless the
+  /// world has failed; a failure aborts the world. Returns whether the part ran and succeeded.
+  bool run_part(Task& t, const std::function<void()>& part, bool first, bool last) {
+    if (world->aborted() || failed()) return false;
+    const bool wall = world->options().record_wall_times;
+    try {
+      if (first) schedule_jitter();
+      const std::int64_t t0 = wall ? world->wall_now_ns() : -1;
+      if (t.wait_on) {
+        WaitGrace grace(kStreamWaitGrace);
+        t.wait_on->wait_geq(t.wait_target, [&] { return t.wait_what; });
+      } else if (part && world->options().numerics) {
+        world->set_running(rank->id(), lane, t.record);
+        part();
+        world->set_running(rank->id(), lane, nullptr);
+      }
+      if (t.record && wall) {
+        if (first) t.record->wall_start_ns = t0;
+        if (last) t.record->wall_end_ns = world->wall_now_ns();
+      }
+      return true;
+    } catch (...) {
+      {
+        std::lock_guard lock(error_mu);
+        error = std::current_exception();
+      }
+      world->abort(rank->id(), error);
+      return false;
+    }
+  }
+
   void work() {
     ScopedWaitScope guard(scope);
     blas::init_thread();
-    const bool numerics = world->options().numerics;
-    const bool wall = world->options().record_wall_times;
-    std::uint32_t next = 1;
+    std::uint32_t fetched = 0;  // tasks taken from the queue
+    std::deque<Task> started;   // split ops started, not yet finished (oldest first)
     for (;;) {
-      if (!submitted.wait_idle(next, stop)) break;
-      Task t;
-      {
-        std::lock_guard lock(mu);
-        t = std::move(queue.front());
-        queue.pop_front();
-      }
-      if (!world->aborted() && !failed()) {
-        try {
-          schedule_jitter();
-          const std::int64_t t0 = wall ? world->wall_now_ns() : -1;
-          if (t.wait_on) {
-            WaitGrace grace(kStreamWaitGrace);
-            t.wait_on->wait_geq(t.wait_target, [&] { return t.wait_what; });
-          } else if (t.fn && numerics) {
-            world->set_running(rank->id(), lane, t.record);
-            t.fn();
-            world->set_running(rank->id(), lane, nullptr);
-          }
-          if (t.record && wall) {
-            t.record->wall_start_ns = t0;
-            t.record->wall_end_ns = world->wall_now_ns();
-          }
-        } catch (...) {
-          {
-            std::lock_guard lock(error_mu);
-            error = std::current_exception();
-          }
-          world->abort(rank->id(), error);
+      if (!started.empty()) {
+        // Start the next split op already queued while the window has room; then finish the
+        // oldest. Ops complete in order, each when its finish returns.
+        if (started.size() < std::size_t(Stream::kSplitWindow) &&
+            std::int32_t(submitted.load() - fetched) > 0 && next_is_split(started.back().chain)) {
+          Task t = pop();
+          ++fetched;
+          if (!run_part(t, t.fn, true, false)) t.finish = nullptr;  // failed: nothing to finish
+          started.push_back(std::move(t));
+          continue;
         }
+        Task t = std::move(started.front());
+        started.pop_front();
+        if (t.finish) run_part(t, t.finish, false, true);
+        completed.add(1);
+        continue;
       }
+      if (!submitted.wait_idle(fetched + 1, stop)) break;
+      Task t = pop();
+      ++fetched;
+      if (t.finish) {
+        if (!run_part(t, t.fn, true, false)) t.finish = nullptr;
+        started.push_back(std::move(t));
+        continue;
+      }
+      run_part(t, t.fn, true, true);
       completed.add(1);
-      ++next;
     }
   }
 
@@ -182,8 +219,10 @@ Rank& Stream::rank() const {
   return *impl_->rank;
 }
 
-OpRef Stream::launch(OpSpec spec, std::function<void()> fn) {
-  Rank& r = *impl_->rank;
+namespace {
+/// Stream::launch and launch_split: the host's launch op, the op's record, the queued task.
+OpRef launch_task(detail::StreamImpl& impl, OpSpec spec, detail::Task task) {
+  Rank& r = *impl.rank;
   if (spec.launch != LaunchKind::none) {
     OpSpec host{.name = "launch " + spec.name,
                 .cls = OpClass::host,
@@ -191,11 +230,26 @@ OpRef Stream::launch(OpSpec spec, std::function<void()> fn) {
                 .launch = LaunchKind::none};
     spec.deps.push_back(r.record_host(std::move(host)));
   }
-  OpRecord& rec = r.append_op(impl_->lane, std::move(spec));
+  OpRecord& rec = r.append_op(impl.lane, std::move(spec));
   const OpRef ref{r.id(), rec.index};
-  impl_->last_op = ref;
-  impl_->push(detail::Task{.fn = std::move(fn), .record = &rec});
+  impl.last_op = ref;
+  task.record = &rec;
+  impl.push(std::move(task));
   return ref;
+}
+}  // namespace
+
+OpRef Stream::launch(OpSpec spec, std::function<void()> fn) {
+  return launch_task(*impl_, std::move(spec), detail::Task{.fn = std::move(fn)});
+}
+
+OpRef Stream::launch_split(OpSpec spec, const void* chain, std::function<void()> start,
+                           std::function<void()> finish) {
+  COCEMU_CHECK(finish != nullptr, Errc::internal, "launch_split of '{}' without a finish",
+               spec.name);
+  return launch_task(
+      *impl_, std::move(spec),
+      detail::Task{.fn = std::move(start), .finish = std::move(finish), .chain = chain});
 }
 
 Event Stream::record() {

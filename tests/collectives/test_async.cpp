@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "cocemu/collectives/ops.h"
@@ -36,6 +37,37 @@ TEST(Async, WorkWaitDoesNotBlockTheHostButOrdersTheComputeStream) {
     rank.compute_stream().synchronize();
     EXPECT_EQ(seen, 3.0f);
     EXPECT_TRUE(w.is_completed());
+  });
+}
+
+TEST(Async, BackToBackSmallCallsOnOneBufferSeeEachOthersResults) {
+  // Small calls on one group start ahead of each other on the comm stream (launch_split): each
+  // must still read the previous call's output. Ten in-place all_reduces of x = rank + 1, with
+  // an all_gather of the running value by pairs in between (another group: the stream finishes
+  // the world's calls before starting it), checked exactly.
+  run_ranks(8, [](Rank& rank) {
+    Group world = Group::world(rank);
+    Group pair = split(world, rank.id() / 2, 0);
+    Tensor x = Tensor::zeros({257}, DType::f64);
+    for (std::int64_t i = 0; i < 257; ++i)
+      x.data<double>()[i] = double(rank.id() + 1) + double(i);
+    std::vector<Tensor> gathered;
+    for (int k = 0; k < 10; ++k) {
+      all_reduce(world, x, {.async_op = true});
+      if (k % 3 == 2) {
+        gathered.push_back(Tensor::zeros({2 * 257}, DType::f64));
+        all_gather(pair, gathered.back(), x, {.async_op = true});
+      }
+    }
+    rank.comm_stream().synchronize();
+    // After k calls: element i is 8^(k-1) · (36 + 8·i).
+    auto after = [](int k, std::int64_t i) { return std::pow(8.0, k - 1) * (36.0 + 8.0 * i); };
+    for (std::int64_t i = 0; i < 257; ++i)
+      ASSERT_EQ(x.data<double>()[i], after(10, i)) << "element " << i;
+    for (std::size_t g = 0; g < gathered.size(); ++g)
+      for (std::int64_t i = 0; i < 2 * 257; ++i)
+        ASSERT_EQ(gathered[g].data<double>()[i], after(int(3 * g + 3), i % 257))
+            << "gather " << g << " element " << i;
   });
 }
 

@@ -1,10 +1,12 @@
 // Streams and events (R-RT-2, R-RT-3): in-order execution asynchronous to the host, cross-stream
 // ordering only through events, query/synchronize, and real concurrency of separate streams.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -36,6 +38,48 @@ TEST(Streams, OpsOnOneStreamRunInOrderAndAsynchronously) {
     for (int i = 0; i < 50; ++i)
       EXPECT_EQ(seen[i], i);
     EXPECT_TRUE(s.query());
+  });
+}
+
+TEST(Streams, SplitOpsOfOneChainStartAheadAndCompleteInOrder) {
+  // Five split ops queue behind a gate: four of chain A, then one of chain B. The worker starts
+  // A's ops up to the window before finishing the first, finishes them in order, and starts B's
+  // only after A's are done; each op completes (its event) when its finish returns.
+  run_ranks(1, [](Rank& rank) {
+    std::vector<std::string> log;  // only the stream's worker writes it
+    std::atomic<bool> release{false};
+    Stream& s = rank.comm_stream();
+    s.launch({.name = "gate"}, [&] {
+      while (!release.load())
+        std::this_thread::sleep_for(1ms);
+    });
+    const int a = 0, b = 0;  // two chains: any two distinct addresses
+    std::vector<Event> after(6);
+    for (int i = 1; i <= 5; ++i) {
+      const Event* previous = i > 1 ? &after[std::size_t(i - 1)] : nullptr;
+      s.launch_split(
+          {.name = fmt::format("split {}", i)}, i < 5 ? &a : &b,
+          [&log, i, previous] {
+            log.push_back(fmt::format("s{}{}", i, previous && previous->query() ? "+" : ""));
+          },
+          [&log, i, previous] {
+            log.push_back(fmt::format("f{}{}", i, previous && previous->query() ? "+" : ""));
+          });
+      after[std::size_t(i)] = s.record();
+    }
+    release = true;
+    s.synchronize();
+    // "+": the previous op had completed when this part ran.
+    std::vector<std::string> want;
+    const int ahead = std::min(4, Stream::kSplitWindow);
+    for (int i = 1; i <= ahead; ++i)
+      want.push_back(fmt::format("s{}", i));
+    for (int i = 1; i <= 4; ++i) {
+      want.push_back(fmt::format("f{}{}", i, i > 1 ? "+" : ""));
+      if (i + ahead <= 4) want.push_back(fmt::format("s{}", i + ahead));
+    }
+    want.insert(want.end(), {"s5+", "f5+"});
+    EXPECT_EQ(log, want);
   });
 }
 

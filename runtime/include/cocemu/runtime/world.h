@@ -73,6 +73,17 @@ class Stream {
   /// Enqueues `fn` to run after everything enqueued before it. The op is priced by `spec`; its
   /// host launch advances the rank's modeled host clock. In dry-run mode `fn` is not called.
   OpRef launch(OpSpec spec, std::function<void()> fn);
+  /// Enqueues an op in two parts, as a small collective runs: `start` must not wait for other
+  /// threads (it joins the call); `finish` waits for the op to be done. The worker may start the
+  /// next split ops already queued on the same `chain` (a collective's group: its calls run in
+  /// order, so a call's start never sees the previous call's buffers unwritten) before it
+  /// finishes this one, kSplitWindow in all; an op of another kind or chain ends the run. Back-
+  /// to-back small calls then cost one hand-off per kSplitWindow calls. Ops still complete
+  /// (events, synchronize) in order, each when its `finish` returns.
+  OpRef launch_split(OpSpec spec, const void* chain, std::function<void()> start,
+                     std::function<void()> finish);
+  /// Split ops a stream keeps started but unfinished, at most.
+  static constexpr int kSplitWindow = 8;
   /// Records an event after all ops enqueued so far.
   Event record();
   /// Device-side wait: ops enqueued later on this stream start after `event` (host not blocked).

@@ -380,7 +380,8 @@ void add_collbench(CLI::App& app) {
                 wo.deterministic ? "deterministic" : "nondeterministic");
     std::printf(
         "# wall = host time on this machine (median per call); modeled = device time from "
-        "the cost model; GB/s = 1e9 B/s\n");
+        "the cost model; GB/s = 1e9 B/s; malloc from %s\n",
+        malloc_library().c_str());
     std::string current;
     for (std::size_t ci = 0; ci < rows.size(); ci += 2) {
       const Row& a = rows[ci];

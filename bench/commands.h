@@ -24,6 +24,10 @@ void add_validate(CLI::App& app);
 void add_train(CLI::App& app);
 void add_plan(CLI::App& app);
 
+/// The shared library the process's malloc comes from ("libtbbmalloc_proxy.so.2" when the
+/// binary is linked with oneTBB's scalable allocator, "libc.so.6" otherwise).
+std::string malloc_library();
+
 }  // namespace cocemu::cli
 
 namespace cocemu::cli {

@@ -56,6 +56,20 @@ TEST(Safety, DifferentCountDtypeOrRootAreMismatches) {
             short_timeout());
       },
       Errc::mismatch, {"count 8", "count 9"});
+  // A small call (run by its last member) against a large one (every member runs its steps):
+  // both start with the same join, so they meet and the mismatch is named, not a timeout.
+  expect_error(
+      [] {
+        run_ranks(
+            3,
+            [](Rank& rank) {
+              Group g = Group::world(rank);
+              all_reduce(g, Tensor::zeros({rank.id() == 2 ? 1 << 20 : 1024}, DType::f32))
+                  .synchronize();
+            },
+            short_timeout());
+      },
+      Errc::mismatch, {"count 1024", "count 1048576"});
   expect_error(
       [] {
         run_ranks(

@@ -11,10 +11,11 @@
 ///    factors; several compute ops on a rank share it equally, and so do comm ops that use a
 ///    common link direction (a send and a receive do not: links are full duplex).
 #include <cstdint>
-#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "cocemu/runtime/stable_log.h"
 
 namespace cocemu {
 
@@ -77,7 +78,7 @@ struct OpRecord {
 };
 
 struct RankGraph {
-  std::deque<OpRecord> ops;  ///< deque: stable addresses while the host appends
+  StableLog<OpRecord> ops;  ///< stable addresses while the host appends
   std::vector<std::string> lane_names{"host"};
 };
 

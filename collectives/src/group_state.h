@@ -79,6 +79,7 @@ struct Member {
   std::vector<std::uint64_t> sends_to, recvs_from;  // p2p counters per peer (host side)
   std::vector<std::uint64_t> received_from;         // p2p counters per peer (worker side)
   std::map<std::pair<std::uint64_t, std::int64_t>, std::shared_ptr<const CachedPlan>> plans;
+  std::int8_t multi_node = -1;  // whether the group spans nodes; -1: not yet looked up (host side)
 };
 
 struct GroupState {

@@ -232,15 +232,41 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
   });
 }
 
+/// A call between its enqueue and its completion: what its stream op runs on.
+struct PendingCall {
+  Group group;
+  int me = 0;
+  std::uint64_t seq = 0;
+  Call call;
+  std::shared_ptr<const detail::CachedPlan> cached;
+  std::uint32_t done = 0;  ///< small calls: the fast_done value that means this call is done
+};
+
+/// Runs `step` on a pending call. On failure, peers may still be writing into this rank's
+/// buffers: the call (and with it the buffers) is kept alive until the run ends.
+template <class Step>
+void guarded(const std::shared_ptr<PendingCall>& c, Step step) {
+  try {
+    step(*c);
+  } catch (...) {
+    c->group.owner().world().keep_alive(c);
+    throw;
+  }
+}
+
 Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   Rank& rank = g.owner();
   const std::uint64_t seq = g.next_sequence();
   CallSignature& sig = call.sig;
   sig.deterministic = o.deterministic.value_or(rank.deterministic());
   const DeviceProfile& prof = rank.profile();
-  bool multi_node = false;
-  for (int w : g.ranks())
-    multi_node = multi_node || prof.topology.node_of(w) != prof.topology.node_of(g.ranks()[0]);
+  detail::Member& member = g.state().members[std::size_t(g.rank())];
+  if (member.multi_node < 0) {
+    member.multi_node = 0;
+    for (int w : g.ranks())
+      if (prof.topology.node_of(w) != prof.topology.node_of(g.ranks()[0])) member.multi_node = 1;
+  }
+  const bool multi_node = member.multi_node == 1;
   sig.algorithm = o.algo == Algorithm::automatic
                       ? parse_algorithm(prof.auto_algorithm(call.size_bytes, multi_node))
                       : o.algo;
@@ -253,7 +279,7 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
     cached = std::make_shared<const detail::CachedPlan>(
         detail::CachedPlan{std::move(plan), std::move(cost)});
   } else {
-    auto& cache = g.state().members[std::size_t(g.rank())].plans;
+    auto& cache = member.plans;
     const std::uint64_t key = std::uint64_t(sig.op) | std::uint64_t(sig.algorithm) << 8 |
                               std::uint64_t(sig.deterministic) << 16 |
                               std::uint64_t(sig.dtype) << 24 | std::uint64_t(sig.root) << 32;
@@ -291,34 +317,25 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   Stream& current = rank.current_stream();
   Stream& comm = g.stream();
   if (&current != &comm) comm.wait(current.record());  // the producer has written the input
-  const int me = g.rank();
-  Group keep = g;
+  auto pending =
+      std::make_shared<PendingCall>(PendingCall{g, g.rank(), seq, std::move(call), cached});
   // The op's detail names the group and sequence number in timeout reports.
-  if (runs_fast(cached->plan, call)) {
+  if (runs_fast(cached->plan, pending->call)) {
     // Start and finish apart: a stream joins the next small call before this one is done.
-    auto done = std::make_shared<std::uint32_t>(0);
-    const CallSignature sig_copy = call.sig;
     comm.launch_split(
         std::move(spec), &g.state(),
-        [keep, me, seq, call = std::move(call), cached, done] {
-          try {
-            *done = start_fast_call(keep.state(), me, seq, call, *cached);
-          } catch (...) {
-            keep.owner().world().keep_alive(std::make_shared<Call>(call));
-            throw;
-          }
+        [pending] {
+          guarded(pending, [](PendingCall& c) {
+            c.done = start_fast_call(c.group.state(), c.me, c.seq, c.call, *c.cached);
+          });
         },
-        [keep, seq, sig = sig_copy, done] { finish_fast_call(keep.state(), seq, sig, *done); });
+        [pending] {
+          finish_fast_call(pending->group.state(), pending->seq, pending->call.sig, pending->done);
+        });
   } else {
-    comm.launch(std::move(spec), [keep, me, seq, call = std::move(call), cached] {
-      try {
-        execute_call(keep.state(), me, seq, call, cached);
-      } catch (...) {
-        // Peers may still be writing into this rank's buffers; keep them alive until the run
-        // ends.
-        keep.owner().world().keep_alive(std::make_shared<Call>(call));
-        throw;
-      }
+    comm.launch(std::move(spec), [pending] {
+      guarded(pending,
+              [](PendingCall& c) { execute_call(c.group.state(), c.me, c.seq, c.call, c.cached); });
     });
   }
   Work w(&rank, comm.record());

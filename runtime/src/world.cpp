@@ -263,10 +263,12 @@ Event Stream::record() {
 void Stream::wait(const Event& event) {
   if (!event.stream_ || event.stream_ == impl_.get()) return;  // same stream: already ordered
   // Already ordered after that point of the other stream by an earlier wait: nothing to add.
-  auto [it, fresh] = impl_->waited.emplace(event.stream_, event.target_);
-  if (!fresh) {
+  // (find first: emplace would allocate a node before finding the key there.)
+  if (auto it = impl_->waited.find(event.stream_); it != impl_->waited.end()) {
     if (std::int32_t(event.target_ - it->second) <= 0) return;
     it->second = event.target_;
+  } else {
+    impl_->waited.emplace(event.stream_, event.target_);
   }
   if (event.target_ == 0) return;  // the other stream had no ops yet
   Rank& r = *impl_->rank;

@@ -83,7 +83,7 @@ class Stream {
   OpRef launch_split(OpSpec spec, const void* chain, std::function<void()> start,
                      std::function<void()> finish);
   /// Split ops a stream keeps started but unfinished, at most.
-  static constexpr int kSplitWindow = 8;
+  static constexpr int kSplitWindow = 32;
   /// Records an event after all ops enqueued so far.
   Event record();
   /// Device-side wait: ops enqueued later on this stream start after `event` (host not blocked).

@@ -32,7 +32,8 @@ void GroupState::barrier(int me, const std::function<std::string()>& what) {
 std::uint32_t GroupState::join(int me, std::uint64_t seq, bool* last) {
   const std::uint64_t k = ++members[std::size_t(me)].joined[slot_of(seq)];
   const std::uint32_t all = std::uint32_t(k * std::uint64_t(size()));
-  *last = joins[slot_of(seq)].add(1) == all;
+  const bool completed = joins[slot_of(seq)].add(1) == all;
+  if (last) *last = completed;
   return all;
 }
 

@@ -102,8 +102,8 @@ struct GroupState {
   /// Member `me` arrives at its next barrier and waits for all (bounded).
   void barrier(int me, const std::function<std::string()>& what);
   /// Joins call `seq` without waiting. Returns the value of joins[slot_of(seq)] at which every
-  /// member has joined it; `last`: whether this member completed it.
-  std::uint32_t join(int me, std::uint64_t seq, bool* last);
+  /// member has joined it; `last` (if given): whether this member completed it.
+  std::uint32_t join(int me, std::uint64_t seq, bool* last = nullptr);
 };
 
 }  // namespace cocemu::detail

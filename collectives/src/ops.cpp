@@ -189,8 +189,7 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
   const CallSignature& sig = call.sig;
   publish_mine(gs, me, seq, call, *plan_ptr);
   const int n = gs.size();
-  bool last = false;
-  const std::uint32_t all = gs.join(me, seq, &last);
+  const std::uint32_t all = gs.join(me, seq);
   gs.joins[detail::slot_of(seq)].wait_geq(all, [&] { return missing_members(gs, seq, sig); });
   check_signatures(gs, me, seq, sig);
   const std::vector<detail::MemberBuffers> bufs = published_buffers(gs, seq);

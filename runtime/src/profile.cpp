@@ -108,7 +108,6 @@ std::vector<AlgorithmRule> parse_auto_rules(
 
 DeviceProfile parse_device_profile(const std::string& text, const std::string& origin) {
   using detail::YamlReader;
-  constexpr double inf = std::numeric_limits<double>::infinity();
   YamlReader top = YamlReader::parse(text, origin);
   DeviceProfile p;
   p.source = origin;

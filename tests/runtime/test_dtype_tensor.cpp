@@ -66,7 +66,9 @@ TEST(DType, Bf16RoundsToNearestEvenAndKeepsSpecials) {
   EXPECT_EQ(to_f16(std::numeric_limits<float>::infinity()).bits, 0x7c00);
   for (std::uint32_t b = 0; b < 65536; b += 3) {
     const bf16 v{std::uint16_t(b)};
-    if (!std::isnan(to_float(v))) EXPECT_EQ(to_bf16(to_float(v)).bits, v.bits);
+    if (!std::isnan(to_float(v))) {
+      EXPECT_EQ(to_bf16(to_float(v)).bits, v.bits);
+    }
   }
 }
 

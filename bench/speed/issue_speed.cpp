@@ -14,16 +14,21 @@
 #include <vector>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/world.h"
 
 int main(int argc, char** argv) {
   using namespace cocemu;
   using Clock = std::chrono::steady_clock;
+  blas::restart_without_server_threads(argv);  // OpenBLAS's idle pool would take a core
   const int ranks = argc > 1 ? std::atoi(argv[1]) : 8;
   const int calls = argc > 2 ? std::atoi(argv[2]) : 200;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 5;
   if (ranks < 1 || ranks > 256 || calls < 1 || rounds < 1) {
-    fmt::print(stderr, "usage: issue_speed [RANKS 1..256] [CALLS >= 1] [ROUNDS >= 1]\n");
+    fmt::print(stderr,
+               "issue_speed: ranks {}, calls {}, rounds {}; usage: issue_speed [RANKS 1..256] "
+               "[CALLS >= 1] [ROUNDS >= 1]\n",
+               ranks, calls, rounds);
     return 2;
   }
   WorldOptions wo;

@@ -260,11 +260,10 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   sig.deterministic = o.deterministic.value_or(rank.deterministic());
   const DeviceProfile& prof = rank.profile();
   detail::Member& member = g.state().members[std::size_t(g.rank())];
-  if (member.multi_node < 0) {
-    member.multi_node = 0;
-    for (int w : g.ranks())
-      if (prof.topology.node_of(w) != prof.topology.node_of(g.ranks()[0])) member.multi_node = 1;
-  }
+  if (member.multi_node < 0)
+    member.multi_node = std::any_of(g.ranks().begin(), g.ranks().end(), [&](int w) {
+      return prof.topology.node_of(w) != prof.topology.node_of(g.ranks()[0]);
+    });
   const bool multi_node = member.multi_node == 1;
   sig.algorithm = o.algo == Algorithm::automatic
                       ? parse_algorithm(prof.auto_algorithm(call.size_bytes, multi_node))

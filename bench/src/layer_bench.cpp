@@ -134,7 +134,7 @@ struct Accumulator {
       fused_overlap += std::max(0.0, op.inner_compute_ns + op.inner_comm_ns - dur);
       fused_exposed += std::max(0.0, dur - op.inner_compute_ns);
       fused_comm += op.inner_comm_ns;
-      s.fused_steps += int(std::max<std::size_t>(op.phases.size(), 2) - 1);
+      s.fused_steps += int(std::max<std::size_t>(op.phases ? op.phases->size() : 0, 2) - 1);
     }
   }
 

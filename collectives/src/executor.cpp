@@ -246,24 +246,25 @@ bool continues(const std::vector<BufRef>& prev, const std::vector<BufRef>& next,
 }  // namespace
 
 Plan merge_for_one_actor(const Plan& plan) {
-  COCEMU_CHECK(plan.rounds.size() <= 1, Errc::internal,
-               "merge_for_one_actor: a plan of {} rounds needs its barriers", plan.rounds.size());
   Plan merged{plan.op, plan.algorithm, {}, plan.scratch_elems};
-  if (plan.rounds.empty()) return merged;
-  std::vector<Step> steps;
-  for (const Step& st : plan.rounds[0]) {
-    if (!steps.empty()) {
-      Step& last = steps.back();
-      if (last.kind == st.kind && last.finalize == st.finalize &&
-          continues(last.srcs, st.srcs, last.count) && continues(last.dsts, st.dsts, last.count)) {
-        last.count += st.count;
-        continue;
+  merged.rounds.reserve(plan.rounds.size());
+  for (const std::vector<Step>& round : plan.rounds) {
+    std::vector<Step> steps;
+    for (const Step& st : round) {
+      if (!steps.empty()) {
+        Step& last = steps.back();
+        if (last.kind == st.kind && last.finalize == st.finalize &&
+            continues(last.srcs, st.srcs, last.count) &&
+            continues(last.dsts, st.dsts, last.count)) {
+          last.count += st.count;
+          continue;
+        }
       }
+      steps.push_back(st);
+      steps.back().actor = 0;
     }
-    steps.push_back(st);
-    steps.back().actor = 0;
+    merged.rounds.push_back(std::move(steps));
   }
-  merged.rounds.push_back(std::move(steps));
   return merged;
 }
 

@@ -21,11 +21,13 @@ void execute_plan(const Plan& plan, int me, int n, const std::vector<MemberBuffe
                   DType dtype, ReduceOp op, const std::function<void(int)>& between_rounds,
                   bool may_stream = true);
 
-/// A one-round plan's steps for one thread that runs every member's share (actor 0): adjacent
-/// steps that read the same buffers in the same order at contiguous offsets and write the same
-/// buffers contiguously become one step. Every element is combined from the same sources in the
-/// same order, so the results are bit for bit those of `plan`; a deterministic direct all_reduce
-/// becomes one pass over the whole vector instead of n passes over its segments.
+/// A plan's steps for one thread that runs every member's share (actor 0), round after round:
+/// within a round, adjacent steps that read the same buffers in the same order at contiguous
+/// offsets and write the same buffers contiguously become one step. The steps of one round never
+/// read what another step of that round writes (members run them concurrently), so running them
+/// one after another, and the rounds in order, combines every element from the same sources in
+/// the same order: the results are bit for bit those of `plan`. A deterministic direct
+/// all_reduce becomes one pass over the whole vector instead of n passes over its segments.
 Plan merge_for_one_actor(const Plan& plan);
 
 }  // namespace cocemu::detail

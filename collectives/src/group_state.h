@@ -42,6 +42,9 @@ struct CallSlot {
   std::byte* in = nullptr;
   std::byte* out = nullptr;
   std::byte* scratch = nullptr;
+  /// A small call's scratch (runs_fast), owned by its slot: the member may publish its next small
+  /// calls while a peer still runs this one, so they cannot share (and regrow) one buffer.
+  std::vector<std::byte> small_scratch;
   std::vector<std::int64_t> send_counts;  // all_to_all with splits (elements)
   std::vector<std::int64_t> recv_counts;
 };
@@ -65,7 +68,8 @@ struct Mailbox {
 struct CachedPlan {
   Plan plan;
   PlanCost cost;
-  Plan one_actor;  ///< small one-round calls: `plan` merged for the last arriver (see executor.h)
+  Plan one_actor;  ///< small calls: `plan` merged for the last arriver (see executor.h)
+  std::shared_ptr<const Phases> rounds;  ///< the trace's phases: each round's modeled time
 };
 
 struct Member {

@@ -275,7 +275,7 @@ void launch_fused(Group& g, std::string name, PipelineCost cost, std::uint64_t f
   spec.work_ns = cost.total;
   spec.launch = LaunchKind::fused;
   spec.flops = flops;
-  spec.phases = std::move(cost.phases);
+  spec.phases = std::make_shared<const Phases>(std::move(cost.phases));
   spec.inner_compute_ns = cost.compute;
   spec.inner_comm_ns = cost.comm;
   // One kernel on every rank of the group: it starts and ends together (flags synchronise it).

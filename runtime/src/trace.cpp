@@ -95,7 +95,7 @@ std::string chrome_trace_json(const RunResult& run, const TraceOptions& opt) {
       // Phases (collective rounds, pipeline steps) as nested slices.
       double t = double(s.start_ns);
       const double scale = op.work_ns > 0 ? double(s.end_ns - s.start_ns) / op.work_ns : 0;
-      for (const auto& [name, ns] : op.phases) {
+      for (const auto& [name, ns] : op.phases ? *op.phases : Phases{}) {
         const std::int64_t a = std::llround(t), b = std::llround(t + ns * scale);
         emit(fmt::format(
             R"({{"ph":"X","name":"{}","cat":"phase","pid":{},"tid":{},"ts":{},"dur":{}}})",

@@ -171,7 +171,8 @@ TEST(ModeledGolden, RingPlanCostsItsRounds) {
   for (const auto& op : r.graph.ranks[0].ops)
     if (op.cls == OpClass::comm) coll = &op;
   ASSERT_NE(coll, nullptr);
-  EXPECT_EQ(coll->phases.size(), 6u);
+  ASSERT_TRUE(coll->phases);
+  EXPECT_EQ(coll->phases->size(), 6u);
   EXPECT_NE(coll->detail.find("algo ring"), std::string::npos);
 }
 

@@ -11,6 +11,7 @@
 ///    factors; several compute ops on a rank share it equally, and so do comm ops that use a
 ///    common link direction (a send and a receive do not: links are full duplex).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,10 @@ enum class OpClass : std::uint8_t {
   wait,     ///< waits for dependencies; no work of its own
 };
 const char* to_string(OpClass c);
+
+/// Named parts of an op's modeled time (collective rounds, pipeline steps) and their durations.
+/// Shared and immutable: every call of one collective shape points to its plan's rounds.
+using Phases = std::vector<std::pair<std::string, double>>;
 
 /// Identifies one recorded op: its rank and its index in that rank's record.
 struct OpRef {
@@ -66,10 +71,9 @@ struct OpRecord {
   std::vector<Rendezvous> rendezvous;  ///< ops sharing a key run as one collective
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
-  std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
-  std::string detail;                ///< e.g. the collective algorithm
-  /// Named parts of the op (collective rounds, pipeline steps) and their share of the duration.
-  std::vector<std::pair<std::string, double>> phases;
+  std::uint8_t link_use = kLinkAll;      ///< comm ops: the links used (LinkUse bits)
+  std::string detail;                    ///< e.g. the collective algorithm
+  std::shared_ptr<const Phases> phases;  ///< null: none
   /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
   double inner_compute_ns = 0, inner_comm_ns = 0;
   std::string segment;  ///< the program region it belongs to (Rank::set_segment), or empty

@@ -38,9 +38,9 @@ struct OpSpec {
   std::uint64_t flops = 0;
   std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
   std::string detail;
-  std::vector<Rendezvous> rendezvous;  ///< collectives: one key shared by all participants
-  std::vector<OpRef> deps;             ///< extra modeled dependencies
-  std::vector<std::pair<std::string, double>> phases;
+  std::vector<Rendezvous> rendezvous;    ///< collectives: one key shared by all participants
+  std::vector<OpRef> deps;               ///< extra modeled dependencies
+  std::shared_ptr<const Phases> phases;  ///< null: none
   /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
   double inner_compute_ns = 0, inner_comm_ns = 0;
 };

@@ -346,14 +346,6 @@ TEST(CpAttention, TransfersMatchClosedFormVolumes) {
     }
 }
 
-/// Modeled [start, end) of ops named `prefix…` on rank 0.
-std::vector<ScheduledOp> spans(const RunResult& run, const std::string& prefix, OpClass cls) {
-  std::vector<ScheduledOp> v;
-  for (const auto& op : run.graph.ranks[0].ops)
-    if (op.cls == cls && op.name.rfind(prefix, 0) == 0) v.push_back(run.timeline.at({0, op.index}));
-  return v;
-}
-
 // Modeled ring schedules as MindSpeed's AttentionWithCp runs them (ring_context_parallel.py), on
 // the round-number profile (1 TFLOP/s, links 1 B/ns full duplex, no latency), dry run, bf16,
 // causal (zigzag), cp = 4, one head, head_dim 128, c = S/8 tokens per chunk, 2c per rank:

@@ -259,7 +259,9 @@ TEST(ReviewSchedules, TransformerLayerMayBeDestroyedBeforeItsStreamsDrain) {
     std::memset(storage, 0xff, sizeof storage);
     go.store(true);
     rank.synchronize();
-    if (rank.id() == 0) EXPECT_TRUE(y.bitwise_equal(reference));
+    if (rank.id() == 0) {
+      EXPECT_TRUE(y.bitwise_equal(reference));
+    }
   });
 }
 

@@ -110,7 +110,9 @@ TEST(YamlParsers, DuplicatesSecondDocumentsAndBadTextAreErrors) {
                {"s.yaml"});
   // A non-UTF-8 name crashed the JSON writer.
   std::string bad_name = ok;
-  bad_name.replace(bad_name.find("name: ascend-910b"), 17, "name: ascend\xff\xfe910b");
+  bad_name.replace(bad_name.find("name: ascend-910b"), 17,
+                   "name: ascend\xff\xfe"
+                   "910b");
   expect_error([&] { parse_device_profile(bad_name, "u.yaml"); }, Errc::parse_error,
                {"u.yaml:", "'name' is not valid UTF-8"});
   // An input on which yaml-cpp's LoadAll looped for minutes (found by fuzzing).

@@ -73,7 +73,7 @@ TEST(Blas, WorkersRunGemmsSingleThreaded) {
 TEST(DetGemm, RowChunksAndPackedOperandGiveTheWholeProductsBits) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const auto [m, n, k] :
+  for (const auto& [m, n, k] :
        {std::tuple{37, 45, 300}, std::tuple{100, 600, 257}, std::tuple{13, 1030, 31}}) {
     for (const bool ta : {false, true})
       for (const bool tb : {false, true}) {
@@ -97,7 +97,7 @@ TEST(DetGemm, RowChunksAndPackedOperandGiveTheWholeProductsBits) {
         EXPECT_EQ(0, std::memcmp(whole.data(), packed.data(), whole.size() * sizeof(float)))
             << m << "x" << n << "x" << k << " ta=" << ta << " tb=" << tb;
         // Spot-check the value against a double-precision dot product.
-        for (const auto [i, j] : {std::pair{0, 0}, std::pair{m - 1, n - 1}, std::pair{m / 2, 3}}) {
+        for (const auto& [i, j] : {std::pair{0, 0}, std::pair{m - 1, n - 1}, std::pair{m / 2, 3}}) {
           double ref = 0;
           for (std::int64_t p = 0; p < k; ++p)
             ref += double(ta ? a[std::size_t(p * m + i)] : a[std::size_t(i * k + p)]) *

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -112,6 +112,43 @@ void micro_kernel(std::int64_t kc, const float* ap, const float* bp, float* c, s
   for (std::int64_t i = 0; i < h; ++i) {
     _mm512_mask_storeu_ps(c + i * ldc, m0, acc[i][0]);
     _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc[i][1]);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  // 16 vector registers: the 6×32 tile runs as two 6×16 halves, 12 accumulators each. Every
+  // element is the same FMA chain over p as in the AVX-512 kernel and the scalar loop.
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (std::int64_t j0 = 0; j0 < w; j0 += 16) {
+    const int left = int(std::min<std::int64_t>(16, w - j0));
+    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane);
+    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(left - 8), lane);
+    __m256 acc[MR][2];
+#pragma GCC unroll 6
+    for (std::int64_t i = 0; i < MR; ++i) {
+      if (first || i >= h) {
+        acc[i][0] = _mm256_setzero_ps();
+        acc[i][1] = _mm256_setzero_ps();
+      } else {
+        acc[i][0] = _mm256_maskload_ps(c + i * ldc + j0, m0);
+        acc[i][1] = _mm256_maskload_ps(c + i * ldc + j0 + 8, m1);
+      }
+    }
+    const float* b = bp + j0;
+    for (std::int64_t p = 0; p < kc; ++p) {
+      const __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
+#pragma GCC unroll 6
+      for (std::int64_t i = 0; i < MR; ++i) {
+        const __m256 av = _mm256_broadcast_ss(ap + p * MR + i);
+        acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
+      }
+    }
+    // Constant indices only (unrolled), so the accumulators stay in registers in the loop above.
+#pragma GCC unroll 6
+    for (std::int64_t i = 0; i < MR; ++i)
+      if (i < h) {
+        _mm256_maskstore_ps(c + i * ldc + j0, m0, acc[i][0]);
+        _mm256_maskstore_ps(c + i * ldc + j0 + 8, m1, acc[i][1]);
+      }
   }
 #else
   for (std::int64_t i = 0; i < h; ++i)

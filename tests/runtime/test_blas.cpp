@@ -1,6 +1,7 @@
 // OpenBLAS: the pthread variant is linked and every worker runs GEMMs single-threaded.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -95,6 +96,19 @@ TEST(DetGemm, RowChunksAndPackedOperandGiveTheWholeProductsBits) {
         EXPECT_EQ(0, std::memcmp(whole.data(), chunks.data(), whole.size() * sizeof(float)))
             << m << "x" << n << "x" << k << " ta=" << ta << " tb=" << tb;
         EXPECT_EQ(0, std::memcmp(whole.data(), packed.data(), whole.size() * sizeof(float)))
+            << m << "x" << n << "x" << k << " ta=" << ta << " tb=" << tb;
+        // The definition, whatever kernel this machine runs (AVX-512, AVX2 or scalar): each
+        // element is one chain of fused multiply-adds over p in order, from zero.
+        std::vector<float> chain(whole.size());
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            float acc = 0.0f;
+            for (std::int64_t p = 0; p < k; ++p)
+              acc = std::fma(ta ? a[std::size_t(p * m + i)] : a[std::size_t(i * k + p)],
+                             tb ? b[std::size_t(j * k + p)] : b[std::size_t(p * n + j)], acc);
+            chain[std::size_t(i * n + j)] = acc;
+          }
+        EXPECT_EQ(0, std::memcmp(whole.data(), chain.data(), whole.size() * sizeof(float)))
             << m << "x" << n << "x" << k << " ta=" << ta << " tb=" << tb;
         // Spot-check the value against a double-precision dot product.
         for (const auto& [i, j] : {std::pair{0, 0}, std::pair{m - 1, n - 1}, std::pair{m / 2, 3}}) {

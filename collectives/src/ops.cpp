@@ -145,12 +145,11 @@ std::vector<detail::MemberBuffers> published_buffers(GroupState& gs, std::uint64
 }
 
 /// Publishes this member's buffers for call `seq`; a small call's scratch is its slot's.
-void publish_mine(GroupState& gs, int me, std::uint64_t seq, const Call& call, const Plan& plan,
-                  bool small) {
+void publish_mine(GroupState& gs, int me, std::uint64_t seq, const Call& call, const Plan& plan) {
   detail::Member& member = gs.members[std::size_t(me)];
   const std::size_t scratch_bytes = std::size_t(plan.scratch_elems) * acc_size(call.sig.dtype);
   std::vector<std::byte>& scratch =
-      small ? member.slots[detail::slot_of(seq)].small_scratch : member.scratch;
+      runs_fast(call) ? member.slots[detail::slot_of(seq)].small_scratch : member.scratch;
   if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
   detail::MemberBuffers mine{
       call.in.defined() && call.in.has_data() ? static_cast<std::byte*>(call.in.raw()) : nullptr,
@@ -165,7 +164,7 @@ void publish_mine(GroupState& gs, int me, std::uint64_t seq, const Call& call, c
 /// the value of `fast_done` that means this call is done.
 std::uint32_t start_fast_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
                               const detail::CachedPlan& cached) {
-  publish_mine(gs, me, seq, call, cached.plan, /*small=*/true);
+  publish_mine(gs, me, seq, call, cached.plan);
   const std::uint32_t done = std::uint32_t(++gs.members[std::size_t(me)].fast_calls);
   bool last = false;
   gs.join(me, seq, &last);
@@ -191,7 +190,7 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
                   std::shared_ptr<const detail::CachedPlan> cached) {
   const Plan* plan_ptr = &cached->plan;
   const CallSignature& sig = call.sig;
-  publish_mine(gs, me, seq, call, *plan_ptr, /*small=*/false);
+  publish_mine(gs, me, seq, call, *plan_ptr);
   const int n = gs.size();
   const std::uint32_t all = gs.join(me, seq);
   gs.joins[detail::slot_of(seq)].wait_geq(all, [&] { return missing_members(gs, seq, sig); });

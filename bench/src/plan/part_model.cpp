@@ -435,17 +435,19 @@ StepParts price_copy(const TrainSetup& setup, std::int64_t batch,
   eb += compute(pr.mem(3 * full));
   parts.embedding_bwd = cost_of(eb);
 
-  // VocabLoss: final rmsnorm, the LM head (column parallel), Megatron's vocab-parallel
-  // cross-entropy (three all_reduces of m values).
+  // VocabLoss: final rmsnorm, the LM head (column parallel), Megatron's unfused vocab-parallel
+  // cross-entropy (its kernels' traffic; three all_reduces of m values).
   const std::int64_t vl = layers::train::padded_vocab(md.vocab, ws) / ws;
-  const double logits = double(m * vl * e), acc = l.dtype == DType::f64 ? 8 : 4;
+  const DType acc_t = l.dtype == DType::f64 ? DType::f64 : DType::f32;
+  const double acc = double(size_of(acc_t));
+  const layers::train::CrossEntropyTraffic ce(std::uint64_t(m * vl), l.dtype, acc_t);
   Span lf = compute(pr.mem(2 * act));
   lf += pr.column_forward(h, vl);
-  lf += compute(3 * pr.mem(logits) + pr.mem(3 * double(m) * acc));
-  lf += comm(3 * pr.coll(CollOp::all_reduce, m, double(m) * acc,
-                         l.dtype == DType::f64 ? DType::f64 : DType::f32));
+  lf += compute(pr.mem(double(ce.max)) + pr.mem(double(ce.target)) + pr.mem(double(ce.exp_sum)) +
+                pr.mem(double(ce.loss) + 3 * double(m) * acc));
+  lf += comm(3 * pr.coll(CollOp::all_reduce, m, double(m) * acc, acc_t));
   parts.loss_fwd = cost_of(lf);
-  Span lb = compute(pr.mem(2 * logits));
+  Span lb = compute(pr.mem(double(ce.grad)));
   lb += pr.column_backward(h, vl);
   lb += compute(pr.mem(3 * act));
   parts.loss_bwd = cost_of(lb);

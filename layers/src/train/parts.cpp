@@ -105,12 +105,15 @@ std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
   s->logits = head_->forward(s->normed, lo);  // [m, V/tp]
   s->head = head_->take_saved();
   const std::int64_t m = s->logits.size(0), vl = s->logits.size(1);
-  // Megatron's vocab_parallel_cross_entropy, in f32 (f64 for f64 models).
+  // Megatron's vocab_parallel_cross_entropy, in f32 (f64 for f64 models). The numerics run
+  // fused, in double; the price is the traffic of Megatron's unfused kernels (its default,
+  // without --cross-entropy-loss-fusion), see CrossEntropyTraffic.
   const DType acc = dtype_ == DType::f64 ? DType::f64 : DType::f32;
+  const CrossEntropyTraffic traffic(std::uint64_t(m) * std::uint64_t(vl), dtype_, acc);
   s->row_max = alloc(rank, {m}, acc);
   s->target = alloc(rank, {m}, acc);
   s->sum_exp = alloc(rank, {m}, acc);
-  elementwise(rank, "cross-entropy max", s->logits.nbytes(), [s, m, vl] {
+  elementwise(rank, "cross-entropy max", traffic.max, [s, m, vl] {
     for (std::int64_t i = 0; i < m; ++i) {
       double mx = -std::numeric_limits<double>::infinity();
       for (std::int64_t j = 0; j < vl; ++j)
@@ -119,14 +122,14 @@ std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
     }
   });
   all_reduce(tp_, s->row_max, {.op = ReduceOp::max, .label = "cross-entropy max"});
-  elementwise(rank, "cross-entropy target", s->logits.nbytes(), [s, m, vl, first = vocab_first_] {
+  elementwise(rank, "cross-entropy target", traffic.target, [s, m, vl, first = vocab_first_] {
     for (std::int64_t i = 0; i < m; ++i) {
       const std::int64_t id = s->batch->labels[std::size_t(i)] - first;
       set(s->target, i, id >= 0 && id < vl ? at(s->logits, i * vl + id) - at(s->row_max, i) : 0.0);
     }
   });
   all_reduce(tp_, s->target, {.label = "cross-entropy target"});
-  elementwise(rank, "cross-entropy exp-sum", s->logits.nbytes(), [s, m, vl] {
+  elementwise(rank, "cross-entropy exp-sum", traffic.exp_sum, [s, m, vl] {
     for (std::int64_t i = 0; i < m; ++i) {
       const double mx = at(s->row_max, i);
       double sum = 0;
@@ -136,33 +139,33 @@ std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
     }
   });
   all_reduce(tp_, s->sum_exp, {.label = "cross-entropy exp-sum"});
-  elementwise(rank, "cross-entropy loss", 3 * std::uint64_t(m) * size_of(acc), [s, m, loss] {
-    double total = 0;
-    for (std::int64_t i = 0; i < m; ++i)
-      total += std::log(at(s->sum_exp, i)) - at(s->target, i);
-    *loss = total / double(m);
-  });
+  elementwise(rank, "cross-entropy loss", traffic.loss + 3 * std::uint64_t(m) * size_of(acc),
+              [s, m, loss] {
+                double total = 0;
+                for (std::int64_t i = 0; i < m; ++i)
+                  total += std::log(at(s->sum_exp, i)) - at(s->target, i);
+                *loss = total / double(m);
+              });
   return s;
 }
 
 Tensor VocabLoss::backward(const std::shared_ptr<Saved>& s, double scale, const LinearOptions& o) {
   Rank& rank = tp_.owner();
   Tensor dlogits = alloc(rank, s->logits.shape(), dtype_);
-  const std::int64_t m = s->logits.size(0);
-  elementwise(rank, "cross-entropy grad", 2 * s->logits.nbytes(),
-              [s, dlogits, scale, first = vocab_first_] {
-                const std::int64_t rows = dlogits.size(0), vl = dlogits.size(1);
-                const double per_token = scale / double(rows);
-                for (std::int64_t i = 0; i < rows; ++i) {
-                  const double mx = at(s->row_max, i), z = at(s->sum_exp, i);
-                  const std::int64_t id = s->batch->labels[std::size_t(i)] - first;
-                  for (std::int64_t j = 0; j < vl; ++j) {
-                    const double p = std::exp(at(s->logits, i * vl + j) - mx) / z;
-                    set(dlogits, i * vl + j, (p - (j == id ? 1.0 : 0.0)) * per_token);
-                  }
-                }
-              });
-  (void)m;
+  const DType acc = dtype_ == DType::f64 ? DType::f64 : DType::f32;
+  const CrossEntropyTraffic traffic(std::uint64_t(s->logits.numel()), dtype_, acc);
+  elementwise(rank, "cross-entropy grad", traffic.grad, [s, dlogits, scale, first = vocab_first_] {
+    const std::int64_t rows = dlogits.size(0), vl = dlogits.size(1);
+    const double per_token = scale / double(rows);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const double mx = at(s->row_max, i), z = at(s->sum_exp, i);
+      const std::int64_t id = s->batch->labels[std::size_t(i)] - first;
+      for (std::int64_t j = 0; j < vl; ++j) {
+        const double p = std::exp(at(s->logits, i * vl + j) - mx) / z;
+        set(dlogits, i * vl + j, (p - (j == id ? 1.0 : 0.0)) * per_token);
+      }
+    }
+  });
   head_->restore_saved(s->head);
   LinearOptions lo = o;
   lo.label = "lm head";

@@ -16,6 +16,16 @@ namespace cocemu::layers::train {
 
 using layers::detail::alloc;
 
+CrossEntropyTraffic::CrossEntropyTraffic(std::uint64_t elements, DType dtype, DType acc) {
+  const std::uint64_t a = elements * size_of(acc), e = elements * size_of(dtype);
+  const std::uint64_t cast = dtype == acc ? 0 : e + a;  // read dtype, write acc (and back)
+  max = cast + a;
+  target = 2 * a;
+  exp_sum = 2 * a + a;
+  loss = 2 * a;
+  grad = 2 * a + cast;
+}
+
 std::int64_t padded_vocab(std::int64_t vocab, int tp) {
   const std::int64_t multiple = 128 * std::int64_t(tp);
   return (vocab + multiple - 1) / multiple * multiple;

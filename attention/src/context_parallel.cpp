@@ -313,12 +313,17 @@ struct CpAttention::Impl {
     return a;
   }
 
-  /// A block's kernel (cost_model.h's flash_attention_ns: the same ruler as local attention).
-  double attention_ns(const AttentionArgs& a, double flops) const {
+  /// A block's kernel over `pairs` visible (query, key) pairs of all its batches and heads
+  /// (cost_model.h's flash_attention_ns: the same ruler as local attention).
+  double attention_ns(const AttentionArgs& a, double flops, std::int64_t pairs,
+                      bool backward) const {
     const double bytes =
         double(size_of(p.dtype)) * double(a.shape.batch) *
-        double(a.shape.q_heads * a.shape.q_len + a.shape.kv_heads * a.shape.kv_len) * double(2 * D);
-    return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype, bytes);
+        double(a.shape.q_heads * a.shape.q_len + a.shape.kv_heads * a.shape.kv_len) *
+        double(2 * D) * (backward ? 2.0 : 1.0);
+    const double rows = double(a.shape.batch * a.shape.q_heads * a.shape.q_len);
+    return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype, bytes,
+                                      double(pairs) / rows, backward);
   }
 
   /// One ring transfer: a send of `out` to ring member `to` and a receive of `in` from `from`,
@@ -409,17 +414,20 @@ struct CpAttention::Impl {
   }
 
   /// Launches the attention work on one KV block (a packed K|V message) on the compute stream,
-  /// priced by its visible pairs; `fn(args, k, v)` runs with the positions bound.
+  /// priced by its visible pairs (4 FLOPs per pair and head dimension forward, 10 backward);
+  /// `fn(args, k, v)` runs with the positions bound.
   template <class Fn>
-  void launch_block(const char* pass, int step, const AttentionArgs& a, double flops,
+  void launch_block(bool backward, int step, const AttentionArgs& a, std::int64_t pairs,
                     const std::vector<std::int64_t>& q_pos, const std::vector<std::int64_t>& k_pos,
                     const Tensor& kv, Fn fn) {
+    const char* pass = backward ? "bwd" : "fwd";
+    const double flops = (backward ? 10.0 : 4.0) * double(pairs) * double(D);
     auto qp = std::make_shared<std::vector<std::int64_t>>(q_pos);
     auto kp = std::make_shared<std::vector<std::int64_t>>(k_pos);
     rank.compute_stream().launch({.name = fmt::format("attn {}[{}/{}] {}x{}", pass, step + 1, R(),
                                                       a.shape.q_len, a.shape.kv_len),
                                   .cls = OpClass::compute,
-                                  .work_ns = attention_ns(a, flops),
+                                  .work_ns = attention_ns(a, flops, pairs, backward),
                                   .flops = std::uint64_t(flops)},
                                  [=, n = kv_elems(), shape = kv_shape()] {
                                    AttentionArgs aa = a;
@@ -592,8 +600,8 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
     const std::int64_t pairs = visible_pairs(a);
     if (pairs == 0) return;  // fully masked block: skipped
     Tensor out = out_, lse = lse_;
-    im.launch_block("fwd", step, a, 4.0 * double(pairs) * double(p.head_dim),
-                    ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)], cur,
+    im.launch_block(false, step, a, pairs, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)],
+                    cur,
                     [q = q_, out, lse](const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
                       Tensor ob = Tensor::zeros(out.shape(), out.dtype()),
                              lb = Tensor::zeros(lse.shape(), lse.dtype());
@@ -695,8 +703,7 @@ CpAttention::Grads CpAttention::backward(const Tensor& dout) {
     Tensor part = alloc(rank, {kv_n}, p.dtype);
     if (pairs > 0) {
       const Tensor dk_part = im.part(part, 0), dv_part = im.part(part, 1);
-      im.launch_block("bwd", step, a, 10.0 * double(pairs) * double(p.head_dim), mypos,
-                      ring_pos_[std::size_t(src)], cur,
+      im.launch_block(true, step, a, pairs, mypos, ring_pos_[std::size_t(src)], cur,
                       [q = q_, lse = lse_, dok, delta, dq, dk_part, dv_part](
                           const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
                         attention_backward(aa, q, k, v, dok, lse, delta, dq, dk_part, dv_part);

@@ -198,12 +198,30 @@ Validation validate(const std::string& text, const std::string& origin) {
       r.unit = "TFLOPS";
       r.modeled = 2.0 * double(m) * double(n) * double(k) / gemm_ns(p, m, n, k, t) / 1e3;
     } else if (r.kind == "attention") {
-      const std::int64_t s = e.integer("seq", 1, 1 << 24), d = e.integer("head_dim", 1, 1024);
+      const std::int64_t s = e.integer("seq", 1, 1 << 24), d = e.integer("head_dim", 1, 1024),
+                         batch = e.integer("batch", 1, 1 << 24),
+                         heads = e.integer("heads", 1, 1 << 16);
       const double visible = e.boolean("causal") ? 0.5 : 1.0;
-      // Priced as the layers price core attention (cost_model.h attention_ns).
+      const std::string pass = e.string("pass");
+      COCEMU_CHECK(pass == "forward" || pass == "backward" || pass == "forward+backward",
+                   Errc::parse_error, "{}: pass '{}'; allowed forward, backward, forward+backward",
+                   e.where(), pass);
+      // Priced as the layers price core attention (cost_model.h attention_ns); FLOPs counted as
+      // FlashAttention's benchmarks count them (4·b·h·s²·d·visible forward, 2.5 times that
+      // backward).
+      const std::int64_t bh = batch * heads;
+      const double fwd_flops = 4.0 * double(bh) * double(s) * double(s) * double(d) * visible;
+      double flops = 0, ns = 0;
+      if (pass != "backward") {
+        flops += fwd_flops;
+        ns += attention_ns(p, bh, s, s, d, t, visible, false);
+      }
+      if (pass != "forward") {
+        flops += 2.5 * fwd_flops;
+        ns += attention_ns(p, bh, s, s, d, t, visible, true);
+      }
       r.unit = "TFLOPS";
-      r.modeled = 4.0 * double(s) * double(s) * double(d) * visible /
-                  attention_ns(p, 1, s, s, d, t, visible) / 1e3;
+      r.modeled = flops / ns / 1e3;
     } else if (r.kind == "memory") {
       const std::int64_t bytes = e.integer("bytes", 1, std::int64_t(1) << 40);
       const std::string counted = e.string("counted");

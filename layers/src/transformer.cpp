@@ -190,7 +190,7 @@ void TransformerLayer::local_attention_forward(Rank& rank, const std::shared_ptr
       {.name = fmt::format("{} {}x{}", name, c_.seq, c_.seq),
        .cls = OpClass::compute,
        .work_ns = c_.flash_attention ? attention_ns(rank.profile(), c_.batch * heads_l, c_.seq,
-                                                    c_.seq, d, c_.dtype, 0.5)
+                                                    c_.seq, d, c_.dtype, 0.5, false)
                                      : unfused_attention_ns(rank.profile(), c_.batch * heads_l,
                                                             c_.seq, c_.seq, d, c_.dtype, false),
        .flops = std::uint64_t(flops)},
@@ -376,8 +376,8 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
     rank.current_stream().launch(
         {.name = fmt::format("core attention bwd {}x{}", c_.seq, c_.seq),
          .cls = OpClass::compute,
-         .work_ns = c_.flash_attention ? 2.5 * attention_ns(rank.profile(), c_.batch * heads_l,
-                                                            c_.seq, c_.seq, d, c_.dtype, 0.5)
+         .work_ns = c_.flash_attention ? attention_ns(rank.profile(), c_.batch * heads_l, c_.seq,
+                                                      c_.seq, d, c_.dtype, 0.5, true)
                                        : unfused_attention_ns(rank.profile(), c_.batch * heads_l,
                                                               c_.seq, c_.seq, d, c_.dtype, true)},
         [=, seq = c_.seq, batch = c_.batch] {

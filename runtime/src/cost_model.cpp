@@ -27,23 +27,29 @@ double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int6
 }
 
 double flash_attention_ns(const DeviceProfile& p, double flops, std::int64_t head_dim, DType dtype,
-                          double bytes) {
+                          double bytes, double keys_per_row, bool backward) {
   if (flops <= 0) return p.kernel_min_ns;
   double eff = p.gemm.max_efficiency;
   if (p.gemm.half_efficiency_flops > 0) eff *= flops / (flops + p.gemm.half_efficiency_flops);
   if ((std::uint64_t(head_dim) * size_of(dtype)) % p.gemm.alignment_bytes != 0)
     eff *= p.gemm.unaligned_efficiency;
   eff *= p.attention_efficiency;
+  if (p.attention_row_overhead_keys > 0 && keys_per_row > 0)
+    eff *= keys_per_row / (keys_per_row + p.attention_row_overhead_keys);
+  if (backward) eff *= p.attention_backward_efficiency;
   const double compute = flops / (p.peak(dtype) * eff) * 1e9;
   return std::max({compute, bytes / p.memory_bandwidth * 1e9, p.kernel_min_ns});
 }
 
 double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
-                    std::int64_t d, DType dtype, double visible) {
+                    std::int64_t d, DType dtype, double visible, bool backward) {
   if (heads == 0 || s_q == 0 || s_k == 0) return p.kernel_min_ns;
-  const double flops = 4.0 * double(heads) * double(s_q) * double(s_k) * double(d) * visible;
-  const double bytes = double(size_of(dtype)) * double(heads) * double(2 * s_q * d + 2 * s_k * d);
-  return flash_attention_ns(p, flops, d, dtype, bytes);
+  const double flops = 4.0 * double(heads) * double(s_q) * double(s_k) * double(d) * visible *
+                       (backward ? 2.5 : 1.0);
+  // Forward: Q, K, V read, O written; backward: Q, K, V, O, dO read, dQ, dK, dV written.
+  const double bytes = double(size_of(dtype)) * double(heads) * double(2 * s_q * d + 2 * s_k * d) *
+                       (backward ? 2.0 : 1.0);
+  return flash_attention_ns(p, flops, d, dtype, bytes, double(s_k) * visible, backward);
 }
 
 double unfused_attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q,

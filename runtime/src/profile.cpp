@@ -162,6 +162,10 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   p.kernel_min_ns = compute.number("kernel_min_ns", 0, 1e7);
   if (compute.has("attention_efficiency"))
     p.attention_efficiency = compute.number("attention_efficiency", 0.01, 1.0);
+  if (compute.has("attention_row_overhead_keys"))
+    p.attention_row_overhead_keys = compute.number("attention_row_overhead_keys", 0, 1e7);
+  if (compute.has("attention_backward_efficiency"))
+    p.attention_backward_efficiency = compute.number("attention_backward_efficiency", 0.01, 1.0);
   compute.finish();
 
   YamlReader memory = top.map("memory");
@@ -223,6 +227,10 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
   v.push_back(
       {"compute.gemm.unaligned_efficiency", {&p.gemm.unaligned_efficiency, Param::fraction}});
   v.push_back({"compute.attention_efficiency", {&p.attention_efficiency, Param::fraction}});
+  v.push_back(
+      {"compute.attention_row_overhead_keys", {&p.attention_row_overhead_keys, Param::plain}});
+  v.push_back({"compute.attention_backward_efficiency",
+               {&p.attention_backward_efficiency, Param::fraction}});
   v.push_back({"compute.kernel_min_ns", {&p.kernel_min_ns, Param::plain}});
   v.push_back({"memory.bandwidth_bytes_per_s", {&p.memory_bandwidth, Param::plain}});
   Topology& t = p.topology;

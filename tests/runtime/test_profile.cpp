@@ -114,5 +114,43 @@ TEST(CostModel, GemmEfficiencyFallsForSmallAndUnalignedShapes) {
   EXPECT_EQ(launch_ns(p, LaunchKind::fused), p.fused_launch_overhead_ns);
 }
 
+// Flash attention: a row of L keys runs at L/(L + overhead) of the long-row efficiency, the
+// backward at attention_backward_efficiency of the forward's, with 2.5 times its FLOPs; a causal
+// mask halves both the pairs and the keys per row.
+TEST(CostModel, AttentionPaysPerRowAndBackward) {
+  const DeviceProfile p = load_named_profile("h100-sxm");
+  ASSERT_GT(p.attention_row_overhead_keys, 0);
+  ASSERT_LT(p.attention_backward_efficiency, 1);
+  const std::int64_t heads = 16, d = 128;
+  auto rate = [&](std::int64_t s, double visible, bool backward) {
+    const double flops = 4.0 * heads * double(s) * double(s) * d * visible * (backward ? 2.5 : 1);
+    return flops / attention_ns(p, heads, s, s, d, DType::bf16, visible, backward);
+  };
+  auto expected = [&](std::int64_t s, double visible, bool backward) {
+    const double flops = 4.0 * heads * double(s) * double(s) * d * visible * (backward ? 2.5 : 1);
+    const double keys = double(s) * visible;
+    return p.peak(DType::bf16) * 1e-9 * p.gemm.max_efficiency * flops /
+           (flops + p.gemm.half_efficiency_flops) * p.attention_efficiency * keys /
+           (keys + p.attention_row_overhead_keys) *
+           (backward ? p.attention_backward_efficiency : 1);
+  };
+  for (const std::int64_t s : {512, 4096, 16384})
+    for (const double visible : {1.0, 0.5})
+      for (const bool backward : {false, true})
+        EXPECT_NEAR(rate(s, visible, backward) / expected(s, visible, backward), 1.0, 1e-12)
+            << s << " " << visible << " " << backward;
+  // Short rows are slower per FLOP than long ones, the causal forward slower than the unmasked.
+  EXPECT_LT(rate(512, 1.0, false), 0.8 * rate(16384, 1.0, false));
+  EXPECT_LT(rate(4096, 0.5, false), rate(4096, 1.0, false));
+  EXPECT_LT(rate(4096, 1.0, true), rate(4096, 1.0, false));
+  // A profile without the two parameters prices as before them.
+  DeviceProfile plain = p;
+  plain.attention_row_overhead_keys = 0;
+  plain.attention_backward_efficiency = 1;
+  const double flops = 4.0 * heads * 4096.0 * 4096.0 * d;
+  EXPECT_DOUBLE_EQ(attention_ns(plain, heads, 4096, 4096, d, DType::bf16, 1.0, false),
+                   flash_attention_ns(plain, flops, d, DType::bf16, 0, 0, false));
+}
+
 }  // namespace
 }  // namespace cocemu

@@ -284,7 +284,7 @@ class Pricer {
     const std::int64_t b = tokens_ / (m_.seq / l_.cp), heads = m_.heads / ws_, d = head_dim();
     if (l_.cp == 1)
       return compute(m_.flash_attention
-                         ? attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5)
+                         ? attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5, false)
                          : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, false));
     return cp_attention(false);
   }
@@ -292,7 +292,7 @@ class Pricer {
     const std::int64_t b = tokens_ / (m_.seq / l_.cp), heads = m_.heads / ws_, d = head_dim();
     if (l_.cp == 1)
       return compute(m_.flash_attention
-                         ? 2.5 * attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5)
+                         ? attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5, true)
                          : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, true));
     return cp_attention(true);
   }
@@ -303,12 +303,17 @@ class Pricer {
     return p_.topology.path_latency_ns(a, b) + bytes / p_.topology.path_bandwidth(a, b) * 1e9;
   }
 
-  /// A CP attention kernel over `heads` query heads (KV heads in proportion), `s_q` queries and
-  /// `s_k` keys, priced as context_parallel.cpp prices it (flash_attention_ns).
-  double cp_kernel_ns(double flops, std::int64_t heads, std::int64_t s_q, std::int64_t s_k) const {
+  /// A CP attention kernel over `pairs` visible (query, key) pairs of `heads` query heads (KV
+  /// heads in proportion), `s_q` queries and `s_k` keys, priced as context_parallel.cpp prices it
+  /// (flash_attention_ns).
+  double cp_kernel_ns(double pairs, bool backward, std::int64_t heads, std::int64_t s_q,
+                      std::int64_t s_k) const {
     const std::int64_t kv = heads * m_.kv() / m_.heads;
-    const double bytes = double(e_) * double(heads * s_q + kv * s_k) * double(2 * head_dim());
-    return flash_attention_ns(p_, flops, head_dim(), l_.dtype, bytes);
+    const double flops = (backward ? 10.0 : 4.0) * double(head_dim()) * pairs;
+    const double bytes = double(e_) * double(heads * s_q + kv * s_k) * double(2 * head_dim()) *
+                         (backward ? 2.0 : 1.0);
+    return flash_attention_ns(p_, flops, head_dim(), l_.dtype, bytes, pairs / double(heads * s_q),
+                              backward);
   }
 
   /// Ring attention (megatron_cp_algo, causal, load-balanced chunks): cp steps, each over half
@@ -321,8 +326,7 @@ class Pricer {
   Span cp_attention(bool backward) const {
     const int cp = l_.cp;
     const std::int64_t s_l = m_.seq / cp, b = tokens_ / s_l, heads = m_.heads / ws_,
-                       kvl = m_.kv() / ws_ * head_dim(), hl = heads * head_dim(), d = head_dim();
-    const double per_pair = backward ? 10.0 * double(d) : 4.0 * double(d);
+                       kvl = m_.kv() / ws_ * head_dim(), hl = heads * head_dim();
     const double layout = mem(2.0 * double(tokens_ * (hl + 2 * kvl) * e_)) +
                           mem(2.0 * double(tokens_ * hl * e_)) * (backward ? 3 : 1);
     if (l_.cp_algo == "ulysses_cp_algo") {
@@ -335,7 +339,7 @@ class Pricer {
       const double comm_ns = 2 * a2a(hl) + 2 * a2a(kvl);
       const double pairs = double(b * heads / cp) * double(m_.seq) * double(m_.seq + 1) / 2;
       Span s = comm(comm_ns);
-      s += compute(cp_kernel_ns(per_pair * pairs, b * heads / cp, m_.seq, m_.seq) + layout);
+      s += compute(cp_kernel_ns(pairs, backward, b * heads / cp, m_.seq, m_.seq) + layout);
       return s;
     }
     COCEMU_CHECK_ARG(l_.cp_algo == "megatron_cp_algo" && l_.cp_window_size <= 1,
@@ -343,14 +347,24 @@ class Pricer {
                      "Ulysses context parallelism; {} (window {}) needs the emulated parts",
                      l_.cp_algo, l_.cp_window_size);
     const double pairs = double(b * heads) * double(s_l) * double(s_l) / 2;
-    const double kernel = cp_kernel_ns(per_pair * pairs, b * heads, s_l, s_l);
+    const double kernel = cp_kernel_ns(pairs, backward, b * heads, s_l, s_l);
     const double block = double(tokens_ * kvl * e_) * 2;
     const double one = p2p(block, cp_members_[0], cp_members_[1 % cp]);
-    const double link = (l_.use_cp_send_recv_overlap ? 1 : 2) * one * (backward ? 2 : 1);
-    // Each step's KV block (dK/dV) travels beside the current step's kernel.
+    // One block's send and receive (serialised on one stream unless use_cp_send_recv_overlap).
+    const double link = (l_.use_cp_send_recv_overlap ? 1 : 2) * one;
     Span s = compute(layout);
-    s += together(kernel, link) * double(cp - 1);
-    s += compute(kernel);
+    if (!backward) {  // the next step's KV block travels beside each step's kernel
+      s += together(kernel, link) * double(cp - 1);
+      s += compute(kernel);
+      return s;
+    }
+    // Backward (context_parallel.cpp): beside step t's kernel travel the next KV block and the
+    // dK|dV accumulator of step t − 1 (as large as a block); the last accumulator then reaches
+    // its owner with nothing left to hide behind.
+    s += together(kernel, link);
+    s += together(kernel, 2 * link) * double(cp - 2);
+    s += together(kernel, link);
+    s += comm(link);
     return s;
   }
 

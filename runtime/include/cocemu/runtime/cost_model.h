@@ -33,18 +33,22 @@ double gemm_efficiency(const DeviceProfile& p, std::int64_t m, std::int64_t n, s
 /// shortest kernel.
 double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                GemmLayout layout = {});
-/// A flash-attention kernel of `flops` FLOPs over heads of dimension `head_dim`, against the
-/// memory time of its Q, K, V and O (`bytes`). Flash attention runs as fused GEMM tiles over
-/// every (batch, head, query block) at once, so its efficiency saturates with the whole kernel's
-/// work, as a GEMM's does (max · F/(F + F_half), unaligned rows of a head slower), times the
-/// profile's attention efficiency. The local and the context-parallel kernels are priced by it.
+/// A flash-attention kernel of `flops` FLOPs over heads of dimension `head_dim`, whose query rows
+/// each visit `keys_per_row` keys on average, against the memory time of its Q, K, V and O
+/// (`bytes`). Flash attention runs as fused GEMM tiles over every (batch, head, query block) at
+/// once, so its efficiency saturates with the whole kernel's work, as a GEMM's does
+/// (max · F/(F + F_half), unaligned rows of a head slower), times the profile's attention
+/// efficiency, times L/(L + attention_row_overhead_keys) for rows of L keys, times
+/// attention_backward_efficiency for a `backward` kernel. The local and the context-parallel
+/// kernels are priced by it.
 double flash_attention_ns(const DeviceProfile& p, double flops, std::int64_t head_dim, DType dtype,
-                          double bytes);
+                          double bytes, double keys_per_row, bool backward);
 /// A flash-attention pass over `heads` heads (QKᵀ and PV fused in one kernel, scores never
-/// written to memory): 4·s_q·s_k·d·visible FLOPs per head, priced by flash_attention_ns.
+/// written to memory): 4·s_q·s_k·d·visible FLOPs per head forward, 2.5 times that backward
+/// (FlashAttention's count), priced by flash_attention_ns with rows of s_k·visible keys.
 /// `visible` is the fraction of (query, key) pairs computed (0.5 for a causal mask).
 double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
-                    std::int64_t d, DType dtype, double visible = 1.0);
+                    std::int64_t d, DType dtype, double visible, bool backward);
 /// Core attention unfused, as Megatron ran it before FlashAttention (forward): QKᵀ as a batched
 /// GEMM writing the [heads, s_q, s_k] scores, the fused scale-mask-softmax (reads the scores,
 /// writes the probabilities), dropout (reads them, writes them and a one-byte mask), then P·V.

@@ -62,6 +62,13 @@ struct DeviceProfile {
   /// Flash attention's efficiency relative to a GEMM of its size (softmax and its rescaling
   /// share the cores with the matmuls).
   double attention_efficiency = 1.0;
+  /// Per query row, a flash-attention kernel pays a fixed cost (loading the Q block, the final
+  /// rescale, writing O and its log-sum-exp) worth this many keys of its loop: a kernel whose
+  /// rows each visit L keys runs at L / (L + overhead) of the long-row efficiency. 0: none.
+  double attention_row_overhead_keys = 0;
+  /// The backward kernel's efficiency relative to the forward's (it recomputes the scores and
+  /// accumulates dK, dV and dQ with more synchronisation).
+  double attention_backward_efficiency = 1.0;
   double kernel_min_ns = 0;     ///< shortest possible kernel
   double memory_bandwidth = 1;  ///< bytes/s of device memory
   double memory_capacity = 0;   ///< bytes of device memory (0: not given; memory verdicts say so)

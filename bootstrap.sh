@@ -7,6 +7,8 @@
 #                         and bench tests
 #   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every test
 #   ./bootstrap.sh fuzz   libFuzzer targets (clang): each parser fuzzed for FUZZ_SECONDS (30)
+#   ./bootstrap.sh avx2   on a CPU with AVX-512, also builds det_gemm's AVX2 kernel (the one a CPU
+#                         without AVX-512 runs) and runs its tests
 #   ./bootstrap.sh deps   only install the Debian packages
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -67,6 +69,18 @@ case "${1:-}" in
     build build-asan -DCOCEMU_SANITIZE=address
     ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" \
       ctest --test-dir build-asan -j "$JOBS" --output-on-failure --timeout 900
+    ;;
+  avx2)
+    deps
+    # det_gemm picks its kernel at compile time (-march=native): the AVX2 one is only built, and
+    # so only tested, on a machine without AVX-512 unless it is asked for here.
+    if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+      cmake -S . -B build-avx2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-mno-avx512f >/dev/null
+      cmake --build build-avx2 -j "$JOBS" --target test_runtime
+      ./build-avx2/tests/test_runtime --gtest_filter='DetGemm.*'
+    else
+      echo "bootstrap: no AVX-512 here, so the main build already runs det_gemm's AVX2 kernel"
+    fi
     ;;
   fuzz)
     deps

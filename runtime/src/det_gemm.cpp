@@ -121,12 +121,17 @@ void micro_kernel(std::int64_t kc, const float* ap, const float* bp, float* c, s
     const int left = int(std::min<std::int64_t>(16, w - j0));
     const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane);
     const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(left - 8), lane);
+    // Full-width tiles load and store C plainly: vmaskmovps stores are microcoded on AMD cores.
+    const bool full = left == 16;
     __m256 acc[MR][2];
 #pragma GCC unroll 6
     for (std::int64_t i = 0; i < MR; ++i) {
       if (first || i >= h) {
         acc[i][0] = _mm256_setzero_ps();
         acc[i][1] = _mm256_setzero_ps();
+      } else if (full) {
+        acc[i][0] = _mm256_loadu_ps(c + i * ldc + j0);
+        acc[i][1] = _mm256_loadu_ps(c + i * ldc + j0 + 8);
       } else {
         acc[i][0] = _mm256_maskload_ps(c + i * ldc + j0, m0);
         acc[i][1] = _mm256_maskload_ps(c + i * ldc + j0 + 8, m1);
@@ -145,7 +150,10 @@ void micro_kernel(std::int64_t kc, const float* ap, const float* bp, float* c, s
     // Constant indices only (unrolled), so the accumulators stay in registers in the loop above.
 #pragma GCC unroll 6
     for (std::int64_t i = 0; i < MR; ++i)
-      if (i < h) {
+      if (i < h && full) {
+        _mm256_storeu_ps(c + i * ldc + j0, acc[i][0]);
+        _mm256_storeu_ps(c + i * ldc + j0 + 8, acc[i][1]);
+      } else if (i < h) {
         _mm256_maskstore_ps(c + i * ldc + j0, m0, acc[i][0]);
         _mm256_maskstore_ps(c + i * ldc + j0 + 8, m1, acc[i][1]);
       }

@@ -14,6 +14,13 @@
 namespace cocemu::layers::train {
 namespace {
 
+/// A dry run (shapes only) of `o` on the default world.
+TrainResult dry_train(const TrainOptions& o) {
+  WorldOptions w;
+  w.numerics = false;
+  return train(o, w);
+}
+
 // Every schedule runs each (micro-batch, chunk) forward once and backward once, the backward
 // after the forward, and a chunk's backwards in micro-batch order (gradients accumulate in the
 // same order whatever the schedule).
@@ -108,9 +115,7 @@ TEST(Pipeline, GradientReductionsOverlapTheBackwardOnlyWhenAsked) {
     o.layout.bucket_params = 2;
     o.layout.overlap_grad_reduce = overlap;
     o.iterations = 1;
-    WorldOptions w;
-    w.numerics = false;
-    const auto r = layers::train::train(o, w);
+    const auto r = dry_train(o);
     const auto& ops = r.run.graph.ranks[0].ops;
     const auto& lanes = r.run.graph.ranks[0].lane_names;
     const auto& t = r.run.timeline.rank(0);
@@ -144,9 +149,7 @@ TEST(Pipeline, CrossEntropyIsPricedAsMegatronsUnfusedKernels) {
     o.layout.global_batch_size = 1;
     o.layout.dtype = dtype;
     o.iterations = 1;
-    WorldOptions w;
-    w.numerics = false;
-    const auto r = layers::train::train(o, w);
+    const auto r = dry_train(o);
     const double elements = double(o.model.seq) *
                             double(layers::train::padded_vocab(o.model.vocab, o.layout.tp)) /
                             o.layout.tp;
@@ -186,9 +189,7 @@ TEST(Pipeline, ParameterGathersOverlapTheNextForwardOnlyWhenAsked) {
     o.layout.overlap_param_gather = overlap;
     o.model = gpt(2048, 16, 1024, 4);  // gathers long enough to see beside the launches
     o.iterations = 2;
-    WorldOptions w;
-    w.numerics = false;
-    const auto r = layers::train::train(o, w);
+    const auto r = dry_train(o);
     const auto& ops = r.run.graph.ranks[0].ops;
     const auto& lanes = r.run.graph.ranks[0].lane_names;
     const auto& t = r.run.timeline.rank(0);

@@ -20,7 +20,7 @@ struct PlanOpts {
                      json, dtype = "bf16";
   int nodes = 1, threads = 0, top = 5, max_cp = 8, max_vpp = 4;
   std::int64_t global_batch = 0, seq = 0;
-  bool no_compare = false, deterministic = false;
+  bool no_compare = false, deterministic = false, ce_fusion = false;
 };
 
 void run(const PlanOpts& o) {
@@ -45,6 +45,7 @@ void run(const PlanOpts& o) {
   r.max_vpp = o.max_vpp;
   r.compare_heuristic = !o.no_compare;
   r.deterministic = o.deterministic;
+  r.cross_entropy_fusion = o.ce_fusion;
   const bench::PlanResult res = bench::plan(r);
   std::fputs(bench::format_plan(res).c_str(), stdout);
   std::filesystem::create_directories(o.out_dir);
@@ -108,6 +109,9 @@ void add_plan(CLI::App& app) {
   sub->add_flag("--deterministic", o->deterministic,
                 "price rank-ordered collectives (cocemu's deterministic mode) instead of "
                 "NCCL/HCCL's algorithms");
+  sub->add_flag("--cross-entropy-loss-fusion", o->ce_fusion,
+                "price every candidate with Megatron's fused cross-entropy (its default is "
+                "unfused)");
   sub->add_option("--out-dir", o->out_dir, "where the winner's files go")->capture_default_str();
   sub->add_option("--json", o->json, "write candidates[], pruned, best as JSON");
   sub->callback([o] { run(*o); });

@@ -28,7 +28,7 @@ struct TrainOpts {
                gbs = 0, bucket_params = 0;
   double bucket_mb = 0;
   bool sp = false, no_sp = false, dist_opt = false, nondeterministic = false,
-       overlap_param_gather = false;
+       overlap_param_gather = false, ce_fusion = false;
 };
 
 /// The largest world the emulator runs rank by rank; larger ones go to the step model.
@@ -121,6 +121,9 @@ void add_train(CLI::App& app) {
   sub->add_flag("--overlap-param-gather", o->overlap_param_gather,
                 "the distributed optimizer's parameter all-gathers overlap the next forward "
                 "(each bucket waited where the forward first reads it)");
+  sub->add_flag("--cross-entropy-loss-fusion", o->ce_fusion,
+                "the loss as Megatron's jit-fused cross-entropy kernels (fewer passes over the "
+                "logits, one all_reduce for the target logits and exp-sums); same numerics");
   sub->add_option("--recompute-granularity", o->recompute_granularity, "full or selective");
   sub->add_flag("--sequence-parallel", o->sp, "sequence parallelism (default with tp > 1)");
   sub->add_flag("--no-sequence-parallel", o->no_sp, "no sequence parallelism");
@@ -173,6 +176,7 @@ void add_train(CLI::App& app) {
     if (given("--global-batch-size")) f.global_batch_size.set(o->gbs, "--global-batch-size");
     if (o->dist_opt) f.distributed_optimizer.set(true, "--use-distributed-optimizer");
     if (o->overlap_param_gather) f.overlap_param_gather.set(true, "--overlap-param-gather");
+    if (o->ce_fusion) f.cross_entropy_loss_fusion.set(true, "--cross-entropy-loss-fusion");
     if (given("--recompute-granularity"))
       f.recompute.set(o->recompute_granularity, "--recompute-granularity");
     COCEMU_CHECK_ARG(!(o->sp && o->no_sp),

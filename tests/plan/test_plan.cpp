@@ -121,6 +121,24 @@ TEST(Plan, SameResultOnOneAndTwoThreads) {
   EXPECT_EQ(one.pruned, two.pruned);
 }
 
+// --cross-entropy-loss-fusion: every candidate is priced with it, the best models faster than
+// without, and the winner's YAML and flags carry it.
+TEST(Plan, CrossEntropyFusionReachesTheWinnersFiles) {
+  PlanQuery r = small_request();
+  r.compare_heuristic = false;
+  const PlanResult unfused = plan(r);
+  r.cross_entropy_fusion = true;
+  const PlanResult fused = plan(r);
+  ASSERT_FALSE(unfused.top.empty());
+  ASSERT_FALSE(fused.top.empty());
+  EXPECT_LT(fused.top[0].report.iteration_ns, unfused.top[0].report.iteration_ns);
+  for (const auto& c : fused.top)
+    EXPECT_TRUE(c.layout.cross_entropy_fusion) << c.describe();
+  EXPECT_NE(winner_flags(fused).find("--cross-entropy-loss-fusion"), std::string::npos);
+  EXPECT_NE(winner_yaml(fused).find("cross_entropy_loss_fusion: true"), std::string::npos);
+  EXPECT_EQ(winner_flags(unfused).find("cross-entropy"), std::string::npos);
+}
+
 // The heuristic never returns an invalid or out-of-memory candidate, and is never better than
 // the exhaustive best.
 TEST(Plan, HeuristicReturnsOnlyValidLayoutsThatFit) {

@@ -136,41 +136,55 @@ TEST(Pipeline, GradientReductionsOverlapTheBackwardOnlyWhenAsked) {
   }
 }
 
-// The loss is priced as Megatron's unfused vocab_parallel_cross_entropy runs it on a rank's
-// [tokens, V/tp] logits of L elements: forward `.float()` (read 2L, write 4L bytes for bf16),
-// max (4L), `-= max` (8L), exp (8L), sum (4L), softmax `div_` (8L); backward `mul_` (8L) and
-// the cast to bf16 (read 4L, write 2L). In f32 the casts are no-ops.
-TEST(Pipeline, CrossEntropyIsPricedAsMegatronsUnfusedKernels) {
-  for (const DType dtype : {DType::bf16, DType::f32}) {
-    layers::train::TrainOptions o;
-    o.model.vocab = 32000;
-    o.model.seq = 512;
-    o.layout.tp = 2;
-    o.layout.global_batch_size = 1;
-    o.layout.dtype = dtype;
-    o.iterations = 1;
-    const auto r = dry_train(o);
-    const double elements = double(o.model.seq) *
-                            double(layers::train::padded_vocab(o.model.vocab, o.layout.tp)) /
-                            o.layout.tp;
-    const bool cast = dtype == DType::bf16;
-    const std::map<std::string, double> bytes_per_element = {
-        {"cross-entropy max", cast ? 2 + 4 + 4 : 4},
-        {"cross-entropy target", 8},
-        {"cross-entropy exp-sum", 8 + 4},
-        {"cross-entropy loss", 8},
-        {"cross-entropy grad", cast ? 8 + 4 + 2 : 8}};
-    std::map<std::string, int> seen;
-    for (const auto& op : r.run.graph.ranks[0].ops) {
-      const auto it = bytes_per_element.find(op.name);
-      if (it == bytes_per_element.end() || op.cls != OpClass::compute) continue;
-      ++seen[op.name];
-      const double want_ns = it->second * elements / r.run.profile->memory_bandwidth * 1e9;
-      // The loss kernel also reads and writes a few f32 values per token.
-      EXPECT_NEAR(op.work_ns, want_ns, want_ns * 1e-3) << op.name << " in " << name_of(dtype);
+// The loss is priced as Megatron's vocab_parallel_cross_entropy runs it on a rank's [tokens,
+// V/tp] logits of L elements. Unfused (its default): forward `.float()` (read 2L, write 4L bytes
+// for bf16), max (4L), `-= max` (8L), exp (8L), sum (4L), softmax `div_` (8L); backward `mul_`
+// (8L) and the cast to bf16 (read 4L, write 2L); in f32 the casts are no-ops. Fused
+// (--cross-entropy-loss-fusion, one pass per jit-fused function): cast and max (2L + 4L),
+// subtract-exp-sum (8L), div_ (8L), gradient and cast (4L + 2L); one all_reduce carries the
+// target logits and the exp-sums.
+TEST(Pipeline, CrossEntropyIsPricedAsMegatronsKernels) {
+  for (const bool fused : {false, true})
+    for (const DType dtype : {DType::bf16, DType::f32}) {
+      layers::train::TrainOptions o;
+      o.model.vocab = 32000;
+      o.model.seq = 512;
+      o.layout.tp = 2;
+      o.layout.global_batch_size = 1;
+      o.layout.dtype = dtype;
+      o.layout.cross_entropy_fusion = fused;
+      o.iterations = 1;
+      const auto r = dry_train(o);
+      const double elements = double(o.model.seq) *
+                              double(layers::train::padded_vocab(o.model.vocab, o.layout.tp)) /
+                              o.layout.tp;
+      const bool cast = dtype == DType::bf16;
+      const std::map<std::string, double> bytes_per_element =
+          fused ? std::map<std::string, double>{{"cross-entropy max", cast ? 2 + 4 : 4},
+                                                {"cross-entropy target exp-sum", 8},
+                                                {"cross-entropy loss", 8},
+                                                {"cross-entropy grad", cast ? 4 + 2 : 8}}
+                : std::map<std::string, double>{{"cross-entropy max", cast ? 2 + 4 + 4 : 4},
+                                                {"cross-entropy target", 8},
+                                                {"cross-entropy exp-sum", 8 + 4},
+                                                {"cross-entropy loss", 8},
+                                                {"cross-entropy grad", cast ? 8 + 4 + 2 : 8}};
+      const std::string what = fmt::format("{} {}", fused ? "fused" : "unfused", name_of(dtype));
+      std::map<std::string, int> seen;
+      int reductions = 0;
+      for (const auto& op : r.run.graph.ranks[0].ops) {
+        if (op.cls == OpClass::comm && op.name.find("cross-entropy") != std::string::npos)
+          ++reductions;
+        const auto it = bytes_per_element.find(op.name);
+        if (it == bytes_per_element.end() || op.cls != OpClass::compute) continue;
+        ++seen[op.name];
+        const double want_ns = it->second * elements / r.run.profile->memory_bandwidth * 1e9;
+        // The loss kernel also reads and writes a few f32 values per token.
+        EXPECT_NEAR(op.work_ns, want_ns, want_ns * 1e-3) << op.name << ", " << what;
+      }
+      EXPECT_EQ(seen.size(), bytes_per_element.size()) << what;
+      EXPECT_EQ(reductions, fused ? 2 : 3) << what;  // the row max, then 1 or 2 over the sums
     }
-    EXPECT_EQ(seen.size(), bytes_per_element.size()) << name_of(dtype);
-  }
 }
 
 // --overlap-param-gather: the distributed optimizer's parameter all-gathers of iteration 1 run

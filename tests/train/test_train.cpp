@@ -138,6 +138,7 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.overlap_grad_reduce = false;
   });
   add("no sequence parallel", [](TrainOptions& o) { o.layout.sequence_parallel = false; });
+  add("fused cross-entropy", [](TrainOptions& o) { o.layout.cross_entropy_fusion = true; });
   add("script P=2", [](TrainOptions& o) {
     o.linear.strategy = Strategy::script;
     o.linear.parallel_num = 2;

@@ -223,6 +223,32 @@ TEST(TrainCli, MindFormersYamlAndFlagsMustAgree) {
   EXPECT_NE(out.find("pipline_stage"), std::string::npos) << out;
 }
 
+// Megatron's --cross-entropy-loss-fusion, as a flag or in the `train:` section: the layout says
+// so and the loss takes fewer passes over the logits, so the step models faster.
+TEST(TrainCli, CrossEntropyFusionIsAFlagAndASetting) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_train_ce";
+  std::filesystem::create_directories(dir);
+  const std::string args =
+      "--dry-run --model llama2-7b --nodes 1 --tensor-model-parallel-size 8 "
+      "--global-batch-size 4 --out-dir " +
+      dir;
+  int status = 0;
+  const std::string unfused = cocemu(args, &status);
+  ASSERT_EQ(status, 0) << unfused;
+  const double unfused_ns = read_json(dir + "/train.json")["iteration_ns"].get<double>();
+  const std::string fused = cocemu(args + " --cross-entropy-loss-fusion", &status);
+  ASSERT_EQ(status, 0) << fused;
+  EXPECT_EQ(unfused.find("ce-fusion"), std::string::npos) << unfused;
+  EXPECT_NE(fused.find("ce-fusion"), std::string::npos) << fused;
+  const double fused_ns = read_json(dir + "/train.json")["iteration_ns"].get<double>();
+  EXPECT_LT(fused_ns, unfused_ns);
+  const std::string cfg = dir + "/ce.yaml";
+  std::ofstream(cfg) << "train:\n  cross_entropy_loss_fusion: true\n";
+  const std::string from_file = cocemu(args + " --config " + cfg, &status);
+  ASSERT_EQ(status, 0) << from_file;
+  EXPECT_EQ(read_json(dir + "/train.json")["iteration_ns"].get<double>(), fused_ns);
+}
+
 // Bad layouts from the command line: clear errors naming the numbers, never a hang.
 TEST(TrainCli, BadLayoutsAreClearErrors) {
   struct Case {

@@ -454,12 +454,15 @@ StepParts price_copy(const TrainSetup& setup, std::int64_t batch,
   const std::int64_t vl = layers::train::padded_vocab(md.vocab, ws) / ws;
   const DType acc_t = l.dtype == DType::f64 ? DType::f64 : DType::f32;
   const double acc = double(size_of(acc_t));
-  const layers::train::CrossEntropyTraffic ce(std::uint64_t(m * vl), l.dtype, acc_t);
+  const layers::train::CrossEntropyTraffic ce(std::uint64_t(m * vl), l.dtype, acc_t,
+                                              l.cross_entropy_fusion);
   Span lf = compute(pr.mem(2 * act));
   lf += pr.column_forward(h, vl);
-  lf += compute(pr.mem(double(ce.max)) + pr.mem(double(ce.target)) + pr.mem(double(ce.exp_sum)) +
-                pr.mem(double(ce.loss) + 3 * double(m) * acc));
-  lf += comm(3 * pr.coll(CollOp::all_reduce, m, double(m) * acc, acc_t));
+  lf += compute(pr.mem(double(ce.max)) + (ce.target > 0 ? pr.mem(double(ce.target)) : 0) +
+                pr.mem(double(ce.exp_sum)) + pr.mem(double(ce.loss) + 3 * double(m) * acc));
+  lf += comm(pr.coll(CollOp::all_reduce, m, double(m) * acc, acc_t));  // the row max
+  lf += comm(l.cross_entropy_fusion ? pr.coll(CollOp::all_reduce, 2 * m, 2 * double(m) * acc, acc_t)
+                                    : 2 * pr.coll(CollOp::all_reduce, m, double(m) * acc, acc_t));
   parts.loss_fwd = cost_of(lf);
   Span lb = compute(pr.mem(double(ce.grad)));
   lb += pr.column_backward(h, vl);

@@ -117,6 +117,7 @@ class Evaluator {
     // With the distributed optimizer the parameter all-gathers overlap the next forward
     // (Megatron's --overlap-param-gather): never slower in the model, so not a dimension.
     c.layout.overlap_param_gather = l.distributed_optimizer;
+    c.layout.cross_entropy_fusion = r_.cross_entropy_fusion;
     TrainSetup s = setup_for(c.layout);
     const auto e = parts(s);
     c.customized_coc = e->tuned;
@@ -696,6 +697,7 @@ std::string winner_yaml(const PlanResult& r) {
       r.request.model_name, r.request.profile_name, r.request.nodes, r.request.model.seq,
       name_of(l.dtype));
   if (l.overlap_param_gather) s += "  overlap_param_gather: true\n";
+  if (l.cross_entropy_fusion) s += "  cross_entropy_loss_fusion: true\n";
   s += fmt::format("  deterministic: {}  # {}\n", r.request.deterministic,
                    r.request.deterministic ? "rank-ordered collectives"
                                            : "NCCL/HCCL's collective algorithms, as priced");
@@ -722,6 +724,7 @@ std::string winner_flags(const PlanResult& r) {
   if (l.sequence_parallel) s += " --sequence-parallel";
   s += " --overlap-grad-reduce";
   if (l.distributed_optimizer) s += " --use-distributed-optimizer --overlap-param-gather";
+  if (l.cross_entropy_fusion) s += " --cross-entropy-loss-fusion";
   if (l.recompute == Recompute::selective) s += " --recompute-activations";
   if (l.recompute == Recompute::full)
     s += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";

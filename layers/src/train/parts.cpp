@@ -82,11 +82,12 @@ struct VocabLoss::Saved {
 };
 
 VocabLoss::VocabLoss(Group& tp, const Tensor& head_shard, std::int64_t vocab_first, bool sp,
-                     DType dtype)
+                     DType dtype, bool fused_cross_entropy)
     : tp_(tp),
       head_(std::make_unique<ColumnParallelLinear>(tp, head_shard, Tensor(), sp)),
       vocab_first_(vocab_first),
       sp_(sp),
+      fused_(fused_cross_entropy),
       dtype_(dtype) {}
 
 std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
@@ -105,14 +106,16 @@ std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
   s->logits = head_->forward(s->normed, lo);  // [m, V/tp]
   s->head = head_->take_saved();
   const std::int64_t m = s->logits.size(0), vl = s->logits.size(1);
-  // Megatron's vocab_parallel_cross_entropy, in f32 (f64 for f64 models). The numerics run
-  // fused, in double; the price is the traffic of Megatron's unfused kernels (its default,
-  // without --cross-entropy-loss-fusion), see CrossEntropyTraffic.
+  // Megatron's vocab_parallel_cross_entropy, in f32 (f64 for f64 models), in its order: row max
+  // and its all_reduce, then the target logit and the exp-sums, then their all_reduces (one
+  // over both when fused). The numerics run in double, the same with or without fusion; the
+  // price is the traffic of Megatron's kernels (CrossEntropyTraffic).
   const DType acc = dtype_ == DType::f64 ? DType::f64 : DType::f32;
-  const CrossEntropyTraffic traffic(std::uint64_t(m) * std::uint64_t(vl), dtype_, acc);
+  const CrossEntropyTraffic traffic(std::uint64_t(m) * std::uint64_t(vl), dtype_, acc, fused_);
   s->row_max = alloc(rank, {m}, acc);
-  s->target = alloc(rank, {m}, acc);
-  s->sum_exp = alloc(rank, {m}, acc);
+  const Tensor target_and_sum = alloc(rank, {2 * m}, acc);
+  s->target = target_and_sum.flat(0, m);
+  s->sum_exp = target_and_sum.flat(m, 2 * m);
   elementwise(rank, "cross-entropy max", traffic.max, [s, m, vl] {
     for (std::int64_t i = 0; i < m; ++i) {
       double mx = -std::numeric_limits<double>::infinity();
@@ -122,14 +125,13 @@ std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
     }
   });
   all_reduce(tp_, s->row_max, {.op = ReduceOp::max, .label = "cross-entropy max"});
-  elementwise(rank, "cross-entropy target", traffic.target, [s, m, vl, first = vocab_first_] {
+  const auto target = [s, m, vl, first = vocab_first_] {
     for (std::int64_t i = 0; i < m; ++i) {
       const std::int64_t id = s->batch->labels[std::size_t(i)] - first;
       set(s->target, i, id >= 0 && id < vl ? at(s->logits, i * vl + id) - at(s->row_max, i) : 0.0);
     }
-  });
-  all_reduce(tp_, s->target, {.label = "cross-entropy target"});
-  elementwise(rank, "cross-entropy exp-sum", traffic.exp_sum, [s, m, vl] {
+  };
+  const auto exp_sum = [s, m, vl] {
     for (std::int64_t i = 0; i < m; ++i) {
       const double mx = at(s->row_max, i);
       double sum = 0;
@@ -137,8 +139,19 @@ std::shared_ptr<VocabLoss::Saved> VocabLoss::forward(const Tensor& x,
         sum += std::exp(at(s->logits, i * vl + j) - mx);
       set(s->sum_exp, i, sum);
     }
-  });
-  all_reduce(tp_, s->sum_exp, {.label = "cross-entropy exp-sum"});
+  };
+  if (fused_) {
+    elementwise(rank, "cross-entropy target exp-sum", traffic.exp_sum, [target, exp_sum] {
+      target();
+      exp_sum();
+    });
+    all_reduce(tp_, target_and_sum, {.label = "cross-entropy target exp-sum"});
+  } else {
+    elementwise(rank, "cross-entropy target", traffic.target, target);
+    elementwise(rank, "cross-entropy exp-sum", traffic.exp_sum, exp_sum);
+    all_reduce(tp_, s->target, {.label = "cross-entropy target"});
+    all_reduce(tp_, s->sum_exp, {.label = "cross-entropy exp-sum"});
+  }
   elementwise(rank, "cross-entropy loss", traffic.loss + 3 * std::uint64_t(m) * size_of(acc),
               [s, m, loss] {
                 double total = 0;
@@ -153,7 +166,7 @@ Tensor VocabLoss::backward(const std::shared_ptr<Saved>& s, double scale, const 
   Rank& rank = tp_.owner();
   Tensor dlogits = alloc(rank, s->logits.shape(), dtype_);
   const DType acc = dtype_ == DType::f64 ? DType::f64 : DType::f32;
-  const CrossEntropyTraffic traffic(std::uint64_t(s->logits.numel()), dtype_, acc);
+  const CrossEntropyTraffic traffic(std::uint64_t(s->logits.numel()), dtype_, acc, fused_);
   elementwise(rank, "cross-entropy grad", traffic.grad, [s, dlogits, scale, first = vocab_first_] {
     const std::int64_t rows = dlogits.size(0), vl = dlogits.size(1);
     const double per_token = scale / double(rows);

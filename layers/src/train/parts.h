@@ -44,7 +44,7 @@ class VocabEmbedding {
 class VocabLoss {
  public:
   VocabLoss(Group& tp, const Tensor& head_shard, std::int64_t vocab_first, bool sequence_parallel,
-            DType dtype);
+            DType dtype, bool fused_cross_entropy);
   struct Saved;
   /// x: the last layer's output. Writes the micro-batch loss to *loss when it has run.
   std::shared_ptr<Saved> forward(const Tensor& x, const std::shared_ptr<const Batch>& batch,
@@ -58,6 +58,7 @@ class VocabLoss {
   std::unique_ptr<ColumnParallelLinear> head_;
   std::int64_t vocab_first_;
   bool sp_;
+  bool fused_;
   DType dtype_;
 };
 

@@ -16,14 +16,24 @@ namespace cocemu::layers::train {
 
 using layers::detail::alloc;
 
-CrossEntropyTraffic::CrossEntropyTraffic(std::uint64_t elements, DType dtype, DType acc) {
+CrossEntropyTraffic::CrossEntropyTraffic(std::uint64_t elements, DType dtype, DType acc,
+                                         bool fused) {
   const std::uint64_t a = elements * size_of(acc), e = elements * size_of(dtype);
-  const std::uint64_t cast = dtype == acc ? 0 : e + a;  // read dtype, write acc (and back)
-  max = cast + a;
+  const bool cast = dtype != acc;
+  if (fused) {
+    max = cast ? e + a : a;  // read the logits, write the f32 copy (the max on the way)
+    target = 0;
+    exp_sum = 2 * a;  // -= max, exp and sum in one pass, in place
+    loss = 2 * a;
+    grad = cast ? a + e : 2 * a;  // mul_ and the cast in one pass
+    return;
+  }
+  const std::uint64_t copy = cast ? e + a : 0;  // read dtype, write acc (and back)
+  max = copy + a;
   target = 2 * a;
   exp_sum = 2 * a + a;
   loss = 2 * a;
-  grad = 2 * a + cast;
+  grad = 2 * a + copy;
 }
 
 std::int64_t padded_vocab(std::int64_t vocab, int tp) {
@@ -309,8 +319,8 @@ class StageRunner {
         Tensor shard = alloc(rank_, {vl, md.hidden}, l_.dtype);
         if (rank_.numerics())
           shard.copy_from(full.rows(vl * mesh_.tp_rank, vl * (mesh_.tp_rank + 1)));
-        copy.loss =
-            std::make_unique<detail::VocabLoss>(copy.tp, shard, vl * mesh_.tp_rank, sp, l_.dtype);
+        copy.loss = std::make_unique<detail::VocabLoss>(copy.tp, shard, vl * mesh_.tp_rank, sp,
+                                                        l_.dtype, l_.cross_entropy_fusion);
       }
       lm_head_slot_ = int(slots.size());
       add("lm_head", Shape{vl, md.hidden}, [this](int c, const Tensor& w, const Tensor& g) {

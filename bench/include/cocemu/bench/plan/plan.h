@@ -54,6 +54,8 @@ struct PlanQuery {
   /// Price rank-ordered collectives (cocemu's deterministic mode) instead of NCCL/HCCL's
   /// algorithms, which a cluster runs by default.
   bool deterministic = false;
+  /// Every candidate with Megatron's --cross-entropy-loss-fusion (off: its default).
+  bool cross_entropy_fusion = false;
 };
 
 /// One evaluated candidate.

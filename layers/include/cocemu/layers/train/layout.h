@@ -61,6 +61,10 @@ struct TrainLayout {
   /// iteration's forward waits for each bucket where it first reads it).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
+  /// Megatron's --cross-entropy-loss-fusion: the loss runs as jit-fused kernels (fewer passes
+  /// over the logits; see CrossEntropyTraffic) and one all_reduce carries the target logits and
+  /// the exp-sums. The same numerics either way.
+  bool cross_entropy_fusion = false;
   Strategy coc = Strategy::serial;  ///< CoC strategy of the TP linears
   int coc_parallel_num = 1;         ///< script strategy: chunks
 

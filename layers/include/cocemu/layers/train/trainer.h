@@ -83,17 +83,20 @@ struct TrainResult {
 /// Megatron's padded vocabulary: a multiple of 128 × tp.
 std::int64_t padded_vocab(std::int64_t vocab, int tp);
 
-/// Device-memory bytes of Megatron's unfused vocab-parallel cross-entropy kernels
-/// (megatron/core/tensor_parallel/cross_entropy.py) on a rank's [tokens, V/tp] logits of
-/// `elements` values in `dtype`, computed in `acc` (f32; f64 for f64 models). Each kernel reads
-/// and writes whole tensors: `.float()` (a copy unless dtype is acc), the row max, `-= max`
-/// in place, exp in place, the row sum, the softmax `div_` kept for backward, and in backward
-/// `mul_` by the loss gradient and the cast back to dtype. The per-row gathers and all_reduces
-/// are small and priced apart.
+/// Device-memory bytes of Megatron's vocab-parallel cross-entropy kernels on a rank's
+/// [tokens, V/tp] logits of `elements` values in `dtype`, computed in `acc` (f32; f64 for f64
+/// models). The per-row gathers and all_reduces are small and priced apart.
+/// Unfused (megatron/core/tensor_parallel/cross_entropy.py, Megatron's default): each kernel reads
+/// and writes whole tensors — `.float()` (a copy unless dtype is acc), the row max, `-= max` in
+/// place, exp in place, the row sum, the softmax `div_` kept for backward, and in backward `mul_`
+/// by the loss gradient and the cast back to dtype.
+/// Fused (--cross-entropy-loss-fusion, megatron/core/fusions/fused_cross_entropy.py): each
+/// jit-fused function is one pass — cast and max (the f32 copy is written), subtract, exp and sum
+/// (read and write in place), the softmax div_, and in backward the gradient and the cast.
 struct CrossEntropyTraffic {
-  CrossEntropyTraffic(std::uint64_t elements, DType dtype, DType acc);
+  CrossEntropyTraffic(std::uint64_t elements, DType dtype, DType acc, bool fused);
   std::uint64_t max = 0;      // cast to acc (if needed) + row max
-  std::uint64_t target = 0;   // logits -= max
+  std::uint64_t target = 0;   // logits -= max (fused: inside exp_sum)
   std::uint64_t exp_sum = 0;  // exp in place + row sum
   std::uint64_t loss = 0;     // softmax: div_ by the sum
   std::uint64_t grad = 0;     // backward: mul_ + cast to dtype (if needed)

@@ -280,6 +280,24 @@ TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
             "fit.yaml");
       },
       Errc::parse_error, {"fit.yaml", "'warp.drive'", "h100-sxm"});
+  // An attention reference names its pass and the benchmark's batch and heads.
+  testing::expect_error(
+      [] {
+        validate(
+            "references:\n  - {name: x, kind: attention, device: h100-sxm, seq: 4096, batch: 4, "
+            "heads: 16, head_dim: 128, causal: true, pass: sideways, dtype: bf16, published: 1, "
+            "source: s}\n",
+            "pass.yaml");
+      },
+      Errc::parse_error, {"pass.yaml", "'sideways'", "forward, backward, forward+backward"});
+  testing::expect_error(
+      [] {
+        validate(
+            "references:\n  - {name: x, kind: attention, device: h100-sxm, seq: 4096, "
+            "head_dim: 128, causal: true, pass: forward, dtype: bf16, published: 1, source: s}\n",
+            "heads.yaml");
+      },
+      Errc::parse_error, {"heads.yaml", "batch"});
 }
 
 // R-PL-4: published training runs, each cited, its figure converted to model FLOPs when the

@@ -319,8 +319,7 @@ struct CpAttention::Impl {
                       bool backward) const {
     const double bytes =
         double(size_of(p.dtype)) * double(a.shape.batch) *
-        double(a.shape.q_heads * a.shape.q_len + a.shape.kv_heads * a.shape.kv_len) *
-        double(2 * D) * (backward ? 2.0 : 1.0);
+        double(a.shape.q_heads * a.shape.q_len + a.shape.kv_heads * a.shape.kv_len) * double(2 * D);
     const double rows = double(a.shape.batch * a.shape.q_heads * a.shape.q_len);
     return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype, bytes,
                                       double(pairs) / rows, backward);

@@ -38,7 +38,9 @@ double flash_attention_ns(const DeviceProfile& p, double flops, std::int64_t hea
     eff *= keys_per_row / (keys_per_row + p.attention_row_overhead_keys);
   if (backward) eff *= p.attention_backward_efficiency;
   const double compute = flops / (p.peak(dtype) * eff) * 1e9;
-  return std::max({compute, bytes / p.memory_bandwidth * 1e9, p.kernel_min_ns});
+  // The backward reads Q, K, V, O and dO and writes dQ, dK and dV: twice the forward's traffic.
+  const double traffic = backward ? 2 * bytes : bytes;
+  return std::max({compute, traffic / p.memory_bandwidth * 1e9, p.kernel_min_ns});
 }
 
 double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
@@ -46,9 +48,7 @@ double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q
   if (heads == 0 || s_q == 0 || s_k == 0) return p.kernel_min_ns;
   const double flops = 4.0 * double(heads) * double(s_q) * double(s_k) * double(d) * visible *
                        (backward ? 2.5 : 1.0);
-  // Forward: Q, K, V read, O written; backward: Q, K, V, O, dO read, dQ, dK, dV written.
-  const double bytes = double(size_of(dtype)) * double(heads) * double(2 * s_q * d + 2 * s_k * d) *
-                       (backward ? 2.0 : 1.0);
+  const double bytes = double(size_of(dtype)) * double(heads) * double(2 * s_q * d + 2 * s_k * d);
   return flash_attention_ns(p, flops, d, dtype, bytes, double(s_k) * visible, backward);
 }
 

@@ -310,8 +310,7 @@ class Pricer {
                       std::int64_t s_k) const {
     const std::int64_t kv = heads * m_.kv() / m_.heads;
     const double flops = (backward ? 10.0 : 4.0) * double(head_dim()) * pairs;
-    const double bytes = double(e_) * double(heads * s_q + kv * s_k) * double(2 * head_dim()) *
-                         (backward ? 2.0 : 1.0);
+    const double bytes = double(e_) * double(heads * s_q + kv * s_k) * double(2 * head_dim());
     return flash_attention_ns(p_, flops, head_dim(), l_.dtype, bytes, pairs / double(heads * s_q),
                               backward);
   }

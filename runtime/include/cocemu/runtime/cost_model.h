@@ -35,12 +35,12 @@ double gemm_ns(const DeviceProfile& p, std::int64_t m, std::int64_t n, std::int6
                GemmLayout layout = {});
 /// A flash-attention kernel of `flops` FLOPs over heads of dimension `head_dim`, whose query rows
 /// each visit `keys_per_row` keys on average, against the memory time of its Q, K, V and O
-/// (`bytes`). Flash attention runs as fused GEMM tiles over every (batch, head, query block) at
-/// once, so its efficiency saturates with the whole kernel's work, as a GEMM's does
-/// (max · F/(F + F_half), unaligned rows of a head slower), times the profile's attention
-/// efficiency, times L/(L + attention_row_overhead_keys) for rows of L keys, times
-/// attention_backward_efficiency for a `backward` kernel. The local and the context-parallel
-/// kernels are priced by it.
+/// (`bytes`, the forward's traffic; a backward kernel moves twice as much). Flash attention runs
+/// as fused GEMM tiles over every (batch, head, query block) at once, so its efficiency saturates
+/// with the whole kernel's work, as a GEMM's does (max · F/(F + F_half), unaligned rows of a head
+/// slower), times the profile's attention efficiency, times L/(L + attention_row_overhead_keys)
+/// for rows of L keys, times attention_backward_efficiency for a `backward` kernel. The local and
+/// the context-parallel kernels are priced by it.
 double flash_attention_ns(const DeviceProfile& p, double flops, std::int64_t head_dim, DType dtype,
                           double bytes, double keys_per_row, bool backward);
 /// A flash-attention pass over `heads` heads (QKᵀ and PV fused in one kernel, scores never

@@ -128,6 +128,8 @@ void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffer
     bool acc;
     bool is_src;  // in place: the line was just read, a plain store is cheaper
   };
+  const bool streaming =
+      may_stream && std::size_t(st.count) * sizeof(T) * st.dsts.size() >= kStreamingBytes;
   thread_local std::vector<Dst> dsts;
   dsts.clear();
   for (const BufRef& b : st.dsts) {
@@ -136,14 +138,15 @@ void reduce_step(const Step& st, int n, bool avg, const std::vector<MemberBuffer
         b.buf == Buf::scratch
             ? static_cast<void*>(reinterpret_cast<A*>(m.scratch) + b.offset)
             : static_cast<void*>(reinterpret_cast<T*>(b.buf == Buf::in ? m.in : m.out) + b.offset);
+    // Only streaming stores ask whether a destination is also a source: small calls (a merged
+    // 64-member step has 64 of each) skip the sources × destinations comparisons.
     bool is_src = false;
-    for (const Src& s : srcs)
-      is_src |= s.p == p;
+    if (streaming)
+      for (const Src& s : srcs)
+        is_src |= s.p == p;
     dsts.push_back({p, b.buf == Buf::scratch, is_src});
   }
   alignas(64) A acc[kBlock];
-  const bool streaming =
-      may_stream && std::size_t(st.count) * sizeof(T) * dsts.size() >= kStreamingBytes;
   for (std::int64_t base = 0; base < st.count; base += kBlock) {
     const std::int64_t len = std::min(kBlock, st.count - base);
     for (std::size_t k = 0; k < srcs.size(); ++k) {

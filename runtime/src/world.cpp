@@ -28,8 +28,6 @@ struct WaitGrace {
 };
 constexpr int kStreamWaitGrace = 1;
 constexpr int kHostWaitGrace = 2;
-/// A host waiting for a stream sleeps until its last op runs: the ops before it need the cores.
-constexpr std::uint32_t kYieldWithinOps = 1;
 
 struct Task {
   std::function<void()> fn;
@@ -157,13 +155,10 @@ struct StreamImpl {
   void drain(const char* why) {
     const std::uint32_t target = host_submitted;
     WaitGrace grace(kHostWaitGrace);
-    completed.wait_geq(
-        target,
-        [&] {
-          return fmt::format("{} of rank {} stream '{}' ({} of {} ops done)", why, rank->id(), name,
-                             completed.load(), target);
-        },
-        kYieldWithinOps);
+    completed.wait_geq(target, [&] {
+      return fmt::format("{} of rank {} stream '{}' ({} of {} ops done)", why, rank->id(), name,
+                         completed.load(), target);
+    });
     if (auto e = failed()) std::rethrow_exception(e);
     if (world->aborted())
       world->throw_remote_failure(rank->id(), fmt::format("{} of stream '{}'", why, name));
@@ -185,13 +180,10 @@ void Event::synchronize() const {
   if (op_.valid()) spec.deps.push_back(op_);
   stream_->rank->record_host(std::move(spec));
   detail::WaitGrace grace(detail::kHostWaitGrace);
-  stream_->completed.wait_geq(
-      target_,
-      [&] {
-        return fmt::format("event.synchronize on rank {} stream '{}' (op {} of {})",
-                           stream_->rank->id(), stream_->name, target_, stream_->host_submitted);
-      },
-      detail::kYieldWithinOps);
+  stream_->completed.wait_geq(target_, [&] {
+    return fmt::format("event.synchronize on rank {} stream '{}' (op {} of {})",
+                       stream_->rank->id(), stream_->name, target_, stream_->host_submitted);
+  });
   if (auto e = stream_->failed()) std::rethrow_exception(e);
   if (stream_->world->aborted())
     stream_->world->throw_remote_failure(stream_->rank->id(), "event.synchronize");

@@ -68,11 +68,8 @@ class Counter {
   /// Wakes every sleeping waiter so it re-checks its condition (e.g. a stop flag).
   void notify_all();
   /// Blocks until the value is >= target (acquire). `what` describes the wait for error messages;
-  /// it is only called on failure. While the value is more than `yield_within` below the target
-  /// the waiter sleeps instead of yielding (waits known to be long, such as a host draining a
-  /// queue of ops).
-  void wait_geq(std::uint32_t target, const std::function<std::string()>& what,
-                std::uint32_t yield_within = ~0u) const;
+  /// it is only called on failure.
+  void wait_geq(std::uint32_t target, const std::function<std::string()>& what) const;
   /// Waits without a deadline until the value is >= target or `stop` is set; for idle workers
   /// waiting for work. Returns whether the target was reached.
   bool wait_idle(std::uint32_t target, const std::atomic<bool>& stop) const;

@@ -180,6 +180,11 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
   sleep_phase();
 }
 
+/// An idle stream worker wakes once per slice to look at its stop flag (every push and the stop
+/// wake it sooner). 5 ms slices woke each of a 64-rank world's 128 idle workers 200 times a
+/// second: 4 KiB all_reduce at 64 ranks ran 25% more context switches and 12% more CPU.
+constexpr long kIdleSliceNs = 100'000'000;
+
 bool Counter::wait_idle(std::uint32_t target, const std::atomic<bool>& stop) const {
   for (int i = 0; i < 100; ++i) {
     if (reached(target)) return true;
@@ -189,7 +194,7 @@ bool Counter::wait_idle(std::uint32_t target, const std::atomic<bool>& stop) con
   for (;;) {
     if (reached(target)) return true;
     if (stop.load(std::memory_order_acquire)) return reached(target);
-    sleep_until(target, 5'000'000);
+    sleep_until(target, kIdleSliceNs);
   }
 }
 

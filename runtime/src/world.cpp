@@ -50,6 +50,7 @@ struct StreamImpl {
   std::deque<Task> queue;
   Counter submitted, completed;
   std::atomic<bool> stop{false};
+  std::atomic<bool> exited{false};  // the worker has left work()
   std::mutex error_mu;
   std::exception_ptr error;
   // Host-side bookkeeping (only the rank's host thread touches these).
@@ -197,8 +198,14 @@ Stream::Stream(Stream&&) noexcept = default;
 Stream::~Stream() {
   if (!impl_) return;
   impl_->stop.store(true, std::memory_order_release);
-  impl_->submitted.notify_all();  // wake the worker to see the stop flag
-  if (impl_->worker.joinable()) impl_->worker.join();
+  if (!impl_->worker.joinable()) return;
+  // Wake the worker to see the stop flag. One that checked the flag just before it went to
+  // sleep misses a wake-up, and an idle worker sleeps in long slices: wake it until it leaves.
+  while (!impl_->exited.load(std::memory_order_acquire)) {
+    impl_->submitted.notify_all();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  impl_->worker.join();
 }
 
 const std::string& Stream::name() const {
@@ -339,7 +346,10 @@ Stream& Rank::new_stream(const std::string& name) {
                           world_->options().schedule_seed};
   detail::StreamImpl* raw = impl.get();
   streams_.push_back(std::unique_ptr<Stream>(new Stream(std::move(impl))));
-  raw->worker = std::thread([raw] { raw->work(); });
+  raw->worker = std::thread([raw] {
+    raw->work();
+    raw->exited.store(true, std::memory_order_release);
+  });
   return *streams_.back();
 }
 

@@ -87,12 +87,11 @@ class BlockCache {
         return p;
       }
     }
-    if (bytes < kHugeFrom) return static_cast<std::byte*>(::operator new[](bytes, kAlign));
-    // Large blocks: 2 MiB aligned and marked for transparent huge pages (the default policy is
-    // "madvise"), so streaming through them costs a TLB miss and a prefetcher restart per 2 MiB
-    // instead of per 4 KiB page, and first touch one fault per 2 MiB.
-    auto* p = static_cast<std::byte*>(::operator new[](bytes, kHugeAlign));
-    madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP the block stays as it is
+    auto* p = static_cast<std::byte*>(::operator new[](bytes, align_for(bytes)));
+    // Large blocks are marked for transparent huge pages (the default policy is "madvise"), so
+    // streaming through them costs a TLB miss and a prefetcher restart per 2 MiB instead of per
+    // 4 KiB page, and first touch one fault per 2 MiB. Advice only: without THP nothing changes.
+    if (bytes >= kHugeFrom) madvise(p, bytes, MADV_HUGEPAGE);
     return p;
   }
   void put(std::byte* p, std::size_t bytes) {
@@ -104,10 +103,14 @@ class BlockCache {
         return;
       }
     }
-    ::operator delete[](p, bytes < kHugeFrom ? kAlign : kHugeAlign);
+    ::operator delete[](p, align_for(bytes));
   }
 
  private:
+  /// 64 bytes; 2 MiB (a huge page) for blocks of kHugeFrom and more. get and put agree by size.
+  static std::align_val_t align_for(std::size_t bytes) {
+    return bytes < kHugeFrom ? kAlign : kHugeAlign;
+  }
   static constexpr std::align_val_t kAlign{64};
   static constexpr std::align_val_t kHugeAlign{std::size_t(2) << 20};
   static constexpr std::size_t kHugeFrom = std::size_t(4) << 20;

@@ -313,16 +313,18 @@ struct CpAttention::Impl {
     return a;
   }
 
-  /// A block's kernel over `pairs` visible (query, key) pairs of all its batches and heads
-  /// (cost_model.h's flash_attention_ns: the same ruler as local attention).
-  double attention_ns(const AttentionArgs& a, double flops, std::int64_t pairs,
+  /// A block's kernel over its visible part (cost_model.h's flash_attention_ns: the same ruler
+  /// as local attention): the query rows that see a key and the keys some query sees, as
+  /// MindSpeed slices a causal block before it launches the kernel. Counting the masked rows
+  /// too would halve a later rank's blocks' keys per row and price them below the kernel's
+  /// efficiency on the launched shape.
+  double attention_ns(const AttentionArgs& a, double flops, const Visibility& vis,
                       bool backward) const {
-    const double bytes =
-        double(size_of(p.dtype)) * double(a.shape.batch) *
-        double(a.shape.q_heads * a.shape.q_len + a.shape.kv_heads * a.shape.kv_len) * double(2 * D);
-    const double rows = double(a.shape.batch * a.shape.q_heads * a.shape.q_len);
+    const double q_rows = double(vis.rows);  // × batch × query heads
+    const double kv_rows = double(a.shape.batch * a.shape.kv_heads * vis.keys);
+    const double bytes = double(size_of(p.dtype)) * (q_rows + kv_rows) * double(2 * D);
     return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype, bytes,
-                                      double(pairs) / rows, backward);
+                                      double(vis.pairs) / q_rows, backward);
   }
 
   /// One ring transfer: a send of `out` to ring member `to` and a receive of `in` from `from`,
@@ -413,20 +415,20 @@ struct CpAttention::Impl {
   }
 
   /// Launches the attention work on one KV block (a packed K|V message) on the compute stream,
-  /// priced by its visible pairs (4 FLOPs per pair and head dimension forward, 10 backward);
+  /// priced by its visible part (4 FLOPs per pair and head dimension forward, 10 backward);
   /// `fn(args, k, v)` runs with the positions bound.
   template <class Fn>
-  void launch_block(bool backward, int step, const AttentionArgs& a, std::int64_t pairs,
+  void launch_block(bool backward, int step, const AttentionArgs& a, const Visibility& vis,
                     const std::vector<std::int64_t>& q_pos, const std::vector<std::int64_t>& k_pos,
                     const Tensor& kv, Fn fn) {
     const char* pass = backward ? "bwd" : "fwd";
-    const double flops = (backward ? 10.0 : 4.0) * double(pairs) * double(D);
+    const double flops = (backward ? 10.0 : 4.0) * double(vis.pairs) * double(D);
     auto qp = std::make_shared<std::vector<std::int64_t>>(q_pos);
     auto kp = std::make_shared<std::vector<std::int64_t>>(k_pos);
     rank.compute_stream().launch({.name = fmt::format("attn {}[{}/{}] {}x{}", pass, step + 1, R(),
                                                       a.shape.q_len, a.shape.kv_len),
                                   .cls = OpClass::compute,
-                                  .work_ns = attention_ns(a, flops, pairs, backward),
+                                  .work_ns = attention_ns(a, flops, vis, backward),
                                   .flops = std::uint64_t(flops)},
                                  [=, n = kv_elems(), shape = kv_shape()] {
                                    AttentionArgs aa = a;
@@ -596,10 +598,10 @@ CpAttention::Outputs CpAttention::forward(const Tensor& q, const Tensor& k, cons
   // 3. (Double) ring over the ring group: partial attention per KV block, merged by LSE.
   im.walk_ring(kv, [&](int src, int step, int, const Tensor& cur) {
     const auto a = im.args(hq, hk, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)]);
-    const std::int64_t pairs = visible_pairs(a);
-    if (pairs == 0) return;  // fully masked block: skipped
+    const Visibility vis = visibility(a);
+    if (vis.pairs == 0) return;  // fully masked block: skipped
     Tensor out = out_, lse = lse_;
-    im.launch_block(false, step, a, pairs, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)],
+    im.launch_block(false, step, a, vis, ring_pos_[std::size_t(me)], ring_pos_[std::size_t(src)],
                     cur,
                     [q = q_, out, lse](const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
                       Tensor ob = Tensor::zeros(out.shape(), out.dtype()),
@@ -698,11 +700,11 @@ CpAttention::Grads CpAttention::backward(const Tensor& dout) {
   Impl::Transfer pending;
   im.walk_ring(kv, [&](int src, int step, int i, const Tensor& cur) {
     const auto a = im.args(hq, hk, mypos, ring_pos_[std::size_t(src)]);
-    const std::int64_t pairs = visible_pairs(a);
+    const Visibility vis = visibility(a);
     Tensor part = alloc(rank, {kv_n}, p.dtype);
-    if (pairs > 0) {
+    if (vis.pairs > 0) {
       const Tensor dk_part = im.part(part, 0), dv_part = im.part(part, 1);
-      im.launch_block(true, step, a, pairs, mypos, ring_pos_[std::size_t(src)], cur,
+      im.launch_block(true, step, a, vis, mypos, ring_pos_[std::size_t(src)], cur,
                       [q = q_, lse = lse_, dok, delta, dq, dk_part, dv_part](
                           const AttentionArgs& aa, const Tensor& k, const Tensor& v) {
                         attention_backward(aa, q, k, v, dok, lse, delta, dq, dk_part, dv_part);

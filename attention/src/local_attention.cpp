@@ -510,23 +510,47 @@ void merge_partial(const AttentionArgs& a, const Tensor& out, const Tensor& lse,
 }
 
 std::int64_t visible_pairs(const AttentionArgs& a) {
+  return visibility(a).pairs;
+}
+
+Visibility visibility(const AttentionArgs& a) {
   check_args(a);
-  std::int64_t n = 0;
+  Visibility v;
   const auto& qp = *a.q_pos;
   const auto& kp = *a.k_pos;
   if (a.mask.kind == MaskKind::none) {
-    n = a.shape.q_len * a.shape.kv_len;
+    v.pairs = a.shape.q_len * a.shape.kv_len;
+    v.rows = a.shape.kv_len > 0 ? a.shape.q_len : 0;
+    v.keys = a.shape.q_len > 0 ? a.shape.kv_len : 0;
   } else if (a.mask.kind == MaskKind::causal) {
     std::vector<std::int64_t> ks(kp.begin(), kp.end());
     std::sort(ks.begin(), ks.end());
-    for (std::int64_t p : qp)
-      n += std::upper_bound(ks.begin(), ks.end(), p) - ks.begin();
+    std::int64_t last_q = std::numeric_limits<std::int64_t>::min();
+    for (std::int64_t p : qp) {
+      const std::int64_t seen = std::upper_bound(ks.begin(), ks.end(), p) - ks.begin();
+      v.pairs += seen;
+      v.rows += seen > 0;
+      last_q = std::max(last_q, p);
+    }
+    v.keys = std::upper_bound(ks.begin(), ks.end(), last_q) - ks.begin();
   } else {
-    for (std::int64_t p : qp)
-      for (std::int64_t k : kp)
-        n += a.mask.general->at(p, k);
+    std::vector<char> key_seen(kp.size(), 0);
+    for (std::int64_t p : qp) {
+      std::int64_t seen = 0;
+      for (std::size_t j = 0; j < kp.size(); ++j) {
+        const bool on = a.mask.general->at(p, kp[j]);
+        seen += on;
+        key_seen[j] |= char(on);
+      }
+      v.pairs += seen;
+      v.rows += seen > 0;
+    }
+    v.keys = std::count(key_seen.begin(), key_seen.end(), char(1));
   }
-  return n * a.shape.batch * a.shape.q_heads;
+  const std::int64_t bh = a.shape.batch * a.shape.q_heads;
+  v.pairs *= bh;
+  v.rows *= bh;
+  return v;
 }
 
 void reference_attention(const AttentionArgs& args, const Tensor& q, const Tensor& k,

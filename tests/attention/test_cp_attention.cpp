@@ -428,6 +428,43 @@ TEST(CpAttention, RingBackwardHidesEachDkvTransferBehindTheNextBlock) {
   }
 }
 
+TEST(CpAttention, CausalRingBlocksArePricedOnTheirVisiblePart) {
+  // MindSpeed's causal ring (ring_context_parallel.py) launches a block from an earlier rank on
+  // the first half of its keys and one from a later rank on the second half of the queries. On
+  // the 910B profile (row overhead 250 keys) a block is therefore priced as the kernel on that
+  // shape. cp = 4, c = 512 tokens per chunk: rank 0 holds chunks 0 and 7, so each later rank's
+  // block is c query rows × 2c keys; rank 3 holds chunks 3 and 4, so each earlier rank's block
+  // is 2c rows × c keys. Before, both were priced as 2c rows with c keys per row on average.
+  const std::int64_t c = 512, H = 2, D = 128;
+  WorldOptions o;
+  o.numerics = false;
+  const AttentionProblem p{1, H, H, 8 * c, D, DType::bf16, nullptr, 0};
+  const CpConfig cfg = config_of({"megatron_cp_algo", 4, 1, 1}, true, true);
+  const RunResult run = cocemu::testing::run_ranks(
+      4,
+      [&](Rank& rank) {
+        Group world = Group::world(rank);
+        CpAttention attn(world, cfg, p);
+        const Tensor x = Tensor::shape_only({2 * c, 1, H * D}, DType::bf16);
+        attn.forward(x, x, x);
+        attn.backward(x);
+      },
+      o);
+  const DeviceProfile& prof = *run.profile;
+  for (const int r : {0, 3})
+    for (const bool backward : {false, true}) {
+      std::vector<double> blocks;
+      for (const auto& op : run.graph.ranks[std::size_t(r)].ops)
+        if (op.name.rfind(backward ? "attn bwd[" : "attn fwd[", 0) == 0)
+          blocks.push_back(op.work_ns);
+      ASSERT_EQ(blocks.size(), 4u) << r << backward;
+      const std::int64_t rows = r == 0 ? c : 2 * c, keys = r == 0 ? 2 * c : c;
+      const double expected = attention_ns(prof, H, rows, keys, D, DType::bf16, 1.0, backward);
+      for (std::size_t step = 1; step < 4; ++step)
+        EXPECT_DOUBLE_EQ(blocks[step], expected) << "rank " << r << " step " << step << backward;
+    }
+}
+
 TEST(CpAttention, SendRecvOverlapNeedsAnEvenRing) {
   AttentionProblem p{1, 2, 1, 36, 8, DType::f64, nullptr, 0};
   cocemu::testing::expect_error(

@@ -161,6 +161,55 @@ TEST(LocalAttention, MergingHalvesEqualsTheWhole) {
   EXPECT_LE(rel_error(l, rl), 1e-13);
 }
 
+TEST(LocalAttention, VisibilityCountsWhatAKernelTouches) {
+  // Brute force over the positions, for each mask kind: pairs and rows per (batch, head), keys
+  // once. The last keys come after every query, so under the causal mask no query sees them;
+  // query 3 is the striped mask's row that sees nothing.
+  const std::int64_t S = 64, B = 2, H = 3;
+  std::vector<std::int64_t> qpos, kpos;
+  for (std::int64_t i = 0; i < S; ++i) {
+    if (i == 3 || (i >= S / 2 && i < S - 4))
+      qpos.push_back(i);  // row 3: the striped mask's empty one
+    if (i % 3 == 0) kpos.push_back(i);
+  }
+  const auto mask = striped_mask(S);
+  for (MaskKind kind : {MaskKind::none, MaskKind::causal, MaskKind::general}) {
+    AttentionArgs a;
+    a.shape = {B, H, H, std::int64_t(qpos.size()), std::int64_t(kpos.size()), 8};
+    a.layout = Layout::sbh;
+    a.mask.kind = kind;
+    a.mask.general = mask;
+    a.q_pos = &qpos;
+    a.k_pos = &kpos;
+    const auto sees = [&](std::int64_t q, std::int64_t k) {
+      return kind == MaskKind::none     ? true
+             : kind == MaskKind::causal ? k <= q
+                                        : bool(mask->at(q, k));
+    };
+    std::int64_t pairs = 0, rows = 0, keys = 0;
+    for (std::int64_t q : qpos) {
+      std::int64_t n = 0;
+      for (std::int64_t k : kpos)
+        n += sees(q, k);
+      pairs += n;
+      rows += n > 0;
+    }
+    for (std::int64_t k : kpos) {
+      bool seen = false;
+      for (std::int64_t q : qpos)
+        seen = seen || sees(q, k);
+      keys += seen;
+    }
+    const Visibility v = visibility(a);
+    EXPECT_EQ(v.pairs, pairs * B * H) << int(kind);
+    EXPECT_EQ(v.rows, rows * B * H) << int(kind);
+    EXPECT_EQ(v.keys, keys) << int(kind);
+    EXPECT_EQ(visible_pairs(a), v.pairs) << int(kind);
+    if (kind == MaskKind::causal) EXPECT_LT(keys, std::int64_t(kpos.size()));
+    if (kind == MaskKind::general) EXPECT_LT(rows, std::int64_t(qpos.size()));
+  }
+}
+
 TEST(LocalAttention, BadArgumentsAreRejected) {
   std::vector<std::int64_t> pos(4);
   AttentionArgs a;

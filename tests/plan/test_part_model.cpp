@@ -8,6 +8,7 @@
 
 #include "cocemu/bench/plan/part_model.h"
 #include "cocemu/layers/coc_config.h"
+#include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/profile.h"
 
 namespace cocemu::bench {
@@ -117,6 +118,43 @@ TEST(PartModel, RanksStrategiesAsTheEmulatorDoes) {
   const double es = emulate_parts(serial).layer_fwd.ns, ef = emulate_parts(fused).layer_fwd.ns;
   EXPECT_GT(ps, pf * 1.1);
   EXPECT_EQ(ps > pf, es > ef);
+}
+
+// The ranks of a causal ring do different blocks: the first sees every later rank's block cut to
+// half its queries (more keys per row, a faster kernel), the last every earlier rank's cut to
+// half its keys. A part costs what it costs on its slowest rank, so the emulated layer is the
+// longest of the ranks' spans, and longer than the first rank's.
+TEST(PartModel, EmulatedPartsAreTheSlowestRanks) {
+  const TrainSetup s = setup_for({4, true, Strategy::serial, 1, Recompute::none, 2});
+  const StepParts emulated = emulate_parts(s);
+  layers::train::TrainOptions o = s.options;
+  o.iterations = 1;
+  o.record_pieces = true;
+  o.layout.overlap_grad_reduce = false;
+  o.layout.overlap_param_gather = false;
+  WorldOptions w;
+  w.profile = s.profile;
+  w.numerics = false;
+  const auto r = layers::train::train(o, w);
+  std::map<int, double> span;  // "layer fwd" per rank: its stream ops, first start to last end
+  for (const auto& p : r.pieces) {
+    if (p.what != "layer fwd") continue;
+    std::int64_t lo = INT64_MAX, hi = 0;
+    for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
+      const OpRecord& op = r.run.graph.ranks[std::size_t(p.rank)].ops[i];
+      if (op.lane == 0 || op.cls == OpClass::host || op.cls == OpClass::wait) continue;
+      const ScheduledOp& t = r.run.timeline.rank(p.rank)[i];
+      lo = std::min(lo, t.start_ns);
+      hi = std::max(hi, t.end_ns);
+    }
+    span[p.rank] = double(hi - lo);
+  }
+  ASSERT_EQ(span.size(), 8u);  // tp 4 × cp 2
+  double slowest = 0;
+  for (const auto& [rank, ns] : span)
+    slowest = std::max(slowest, ns);
+  EXPECT_DOUBLE_EQ(emulated.layer_fwd.ns, slowest);
+  EXPECT_GT(slowest, span[0] * 1.001);
 }
 
 // Tuning picks, per [m, k, n], the fastest strategy; the tuned parts are no slower than any

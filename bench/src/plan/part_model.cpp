@@ -316,9 +316,11 @@ class Pricer {
   }
 
   /// Ring attention (megatron_cp_algo, causal, load-balanced chunks): cp steps, each over half
-  /// of an s_l × s_l block's pairs (step 0: the two own chunks, causal); each step's KV block
-  /// (and in the backward its dK/dV) travels to the next cp rank behind the current step's
-  /// kernel, send and receive serialised on one stream unless use_cp_send_recv_overlap.
+  /// of an s_l × s_l block's pairs (step 0: the two own chunks, causal), priced as on the
+  /// slowest rank, the last, whose blocks are its s_l queries over half of each block's keys
+  /// (the first rank's are half its queries over all the keys: more keys per row). Each step's
+  /// KV block (and in the backward its dK/dV) travels to the next cp rank behind the current
+  /// step's kernel, send and receive serialised on one stream unless use_cp_send_recv_overlap.
   /// Ulysses: all_to_all of Q, K, V to head shards, attention over the whole sequence,
   /// all_to_all of the output back. Kernels: 4 FLOPs per visible pair and head dimension forward,
   /// 10 backward; layout conversions to and from BNSD around them.
@@ -346,7 +348,7 @@ class Pricer {
                      "Ulysses context parallelism; {} (window {}) needs the emulated parts",
                      l_.cp_algo, l_.cp_window_size);
     const double pairs = double(b * heads) * double(s_l) * double(s_l) / 2;
-    const double kernel = cp_kernel_ns(pairs, backward, b * heads, s_l, s_l);
+    const double kernel = cp_kernel_ns(pairs, backward, b * heads, s_l, s_l / 2);
     const double block = double(tokens_ * kvl * e_) * 2;
     const double one = p2p(block, cp_members_[0], cp_members_[1 % cp]);
     // One block's send and receive (serialised on one stream unless use_cp_send_recv_overlap).

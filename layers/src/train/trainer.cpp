@@ -209,13 +209,13 @@ class StageRunner {
   }
 
  private:
-  /// Records the ops `fn` enqueues as one model part (rank 0, with record_pieces).
+  /// Records the ops `fn` enqueues as one model part (with record_pieces).
   template <class Fn>
   auto piece(const char* what, Fn&& fn) {
     const auto first = std::uint32_t(rank_.graph().ops.size());
     auto finish = [&] {
-      if (o_.record_pieces && rank_.id() == 0)
-        pieces_.push_back({what, first, std::uint32_t(rank_.graph().ops.size())});
+      if (o_.record_pieces)
+        pieces_.push_back({what, first, std::uint32_t(rank_.graph().ops.size()), rank_.id()});
     };
     if constexpr (std::is_void_v<decltype(fn())>) {
       fn();

@@ -89,6 +89,16 @@ void merge_partial(const AttentionArgs& args, const Tensor& out, const Tensor& l
 /// Visible (query, key) pairs of a call, for the cost model and the accounting.
 std::int64_t visible_pairs(const AttentionArgs& args);
 
+/// What of a call's block a kernel has to touch: the visible pairs (× batch × query heads), the
+/// query rows that see at least one key (× batch × query heads) and the key positions seen by
+/// at least one query. MindSpeed's causal ring launches its kernel on exactly these: a block
+/// from an earlier rank with the first half of the keys, one from a later rank with the second
+/// half of the queries (ring_context_parallel.py), so they are what a block is priced by.
+struct Visibility {
+  std::int64_t pairs = 0, rows = 0, keys = 0;
+};
+Visibility visibility(const AttentionArgs& args);
+
 /// Dense reference: materialises scores in f64, for tests.
 void reference_attention(const AttentionArgs& args, const Tensor& q, const Tensor& k,
                          const Tensor& v, const Tensor& out, const Tensor& lse);

@@ -36,7 +36,8 @@ struct StepParts {
 /// [m, k, n] (what `cocemu tune` decides), recorded there as MindSpeed's customized_coc.
 StepParts price_parts(const TrainSetup& setup, std::map<std::string, int>* tuned = nullptr);
 /// Emulated (dry run) on one TP×CP group: one micro-batch through the embedding, one layer and
-/// the loss, measured on rank 0's modeled timeline. Starts rank threads.
+/// the loss, each part measured on the modeled timeline of the rank where it takes longest.
+/// Starts rank threads.
 StepParts emulate_parts(const TrainSetup& setup);
 
 }  // namespace cocemu::bench

@@ -47,7 +47,7 @@ struct TrainOptions {
   Adam adam;
   /// The TP linears' CoC options (strategy, tiling; `per_shape` for a tuned config).
   LinearOptions linear;
-  /// Record rank 0's op ranges of each model part (TrainResult::pieces), for the step model.
+  /// Record every rank's op ranges of each model part (TrainResult::pieces), for the step model.
   bool record_pieces = false;
 };
 
@@ -56,6 +56,7 @@ struct TrainOptions {
 struct PieceRange {
   std::string what;
   std::uint32_t first_op = 0, end_op = 0;
+  int rank = 0;  ///< whose record the range is in
 };
 
 /// One forward or backward of the pipeline picture: a rank's ops [first_op, end_op) in its

@@ -57,6 +57,10 @@ bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& en
                      (engine == "auto" && (world > kMaxEmulatedWorld ||
                                            (setup.dry_run && layer_passes > kMaxEmulatedPasses)));
   if (model) {
+    COCEMU_CHECK_ARG(setup.dry_run || engine != "model",
+                     "--engine model prices the iteration from the cost model, without numerics; "
+                     "add --dry-run ({} devices)",
+                     world);
     COCEMU_CHECK_ARG(setup.dry_run,
                      "{} devices are more than the {} the emulator runs with real numerics; add "
                      "--dry-run (the step model prices the iteration)",

@@ -270,6 +270,7 @@ TEST(TrainCli, BadLayoutsAreClearErrors) {
       {"--context-parallel-size 2 --pipeline-model-parallel-size 1 --dtype f32 "
        "--context-parallel-algo zigzag_cp_algo",
        {"zigzag_cp_algo"}},
+      {"--engine model", {"--engine model prices the iteration", "add --dry-run (8 devices)"}},
   };
   for (const auto& c : cases) {
     int status = 0;

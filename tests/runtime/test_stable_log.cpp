@@ -1,6 +1,7 @@
 // StableLog: the append-only container of op records (stable addresses, populated chunks).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,8 +11,9 @@
 namespace cocemu {
 namespace {
 
-// Past the growing chunks (64 .. 4096 elements, 8128 in all) into three fixed-size ones.
-constexpr int kMany = 8128 + 3 * 4096 + 17;
+// Past the growing chunks (64 .. 512 elements, 960 in all) into three huge-page ones (2 MiB each:
+// 65536 strings of 32 bytes).
+constexpr int kMany = 960 + 3 * 65536 + 17;
 
 TEST(StableLog, AppendedElementsKeepTheirAddressesAndOrder) {
   StableLog<std::string> log;
@@ -30,6 +32,20 @@ TEST(StableLog, AppendedElementsKeepTheirAddressesAndOrder) {
   EXPECT_EQ(i, kMany);
   EXPECT_EQ(log.front(), "op 0");
   EXPECT_EQ(log.back(), "op " + std::to_string(kMany - 1));
+}
+
+// Chunks after the growing ones are 2 MiB huge-page candidates: each starts on a 2 MiB boundary
+// (the kernel can back it with one huge page) and holds 2 MiB of elements.
+TEST(StableLog, LaterChunksAreWholeAlignedHugePages) {
+  StableLog<std::string> log;
+  for (int i = 0; i < kMany; ++i)
+    log.emplace_back();
+  constexpr std::uintptr_t kHuge = std::uintptr_t(2) << 20;
+  constexpr std::size_t kPerChunk = kHuge / sizeof(std::string);
+  for (std::size_t first = 960; first + kPerChunk <= std::size_t(kMany); first += kPerChunk) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(&log[first]) % kHuge, 0u) << first;
+    EXPECT_EQ(&log[first + kPerChunk - 1] + 1, &log[first] + kPerChunk) << first;
+  }
 }
 
 TEST(StableLog, CopiesMovesAndDestroysEveryElement) {

@@ -5,12 +5,15 @@
 /// Why not std::deque: libstdc++ gives a deque of records this size a node per two elements, and
 /// the host faults in each fresh page on first touch — on a VM that costs ~1.5 µs per page, more
 /// than the rest of recording an op (bench/speed/issue_speed, README "Host speed at scale").
-/// StableLog maps its chunks with their pages populated (one system call per chunk) and doubles
-/// the chunk size from 64 elements up to 4096, so small graphs stay small.
+/// StableLog maps its chunks with their pages populated (one system call per chunk). The first
+/// chunks double from 64 elements to 512, so small graphs stay small; after them every chunk is
+/// one 2 MiB huge page (advised MADV_HUGEPAGE, then populated), which the kernel fills in one
+/// fault and one charge instead of 512.
 #include <sys/mman.h>
 
 #include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <new>
 #include <type_traits>
@@ -21,10 +24,12 @@ namespace cocemu {
 
 template <class T>
 class StableLog {
-  static constexpr std::size_t kFirst = 64;      // elements in chunk 0; chunk k has kFirst·2^k
-  static constexpr std::size_t kLargest = 4096;  // ... up to this many
-  static constexpr std::size_t kGrowing = 7;     // chunks 0..6 grow: 64 .. 4096
+  static constexpr std::size_t kFirst = 64;   // elements in chunk 0; chunk k has kFirst·2^k
+  static constexpr std::size_t kGrowing = 4;  // chunks 0..3 grow: 64 .. 512
   static constexpr std::size_t kInGrowing = kFirst * ((std::size_t(1) << kGrowing) - 1);
+  static constexpr std::size_t kHugePage = std::size_t(2) << 20;
+  static_assert(sizeof(T) <= kHugePage / 64, "StableLog: elements this large want another layout");
+  static constexpr std::size_t kLargest = kHugePage / sizeof(T);  // elements in a huge chunk
 
   static std::size_t chunk_size(std::size_t k) { return k < kGrowing ? kFirst << k : kLargest; }
   /// Chunk and offset of element i.
@@ -70,7 +75,8 @@ class StableLog {
   template <class... Args>
   T& emplace_back(Args&&... args) {
     const auto [k, j] = locate(size_);
-    if (k == chunks_.size()) chunks_.push_back(map_chunk(chunk_size(k)));
+    if (k == chunks_.size())
+      chunks_.push_back(k < kGrowing ? map_chunk(chunk_size(k)) : map_huge());
     T* p = new (chunks_[k] + j) T(std::forward<Args>(args)...);
     ++size_;
     return *p;
@@ -83,7 +89,7 @@ class StableLog {
       const std::size_t n = chunk_size(k);
       for (std::size_t j = 0; j < n && left > 0; ++j, --left)
         chunks_[k][j].~T();
-      munmap(chunks_[k], n * sizeof(T));
+      munmap(chunks_[k], k < kGrowing ? n * sizeof(T) : kHugePage);
     }
     chunks_.clear();
     size_ = 0;
@@ -139,6 +145,26 @@ class StableLog {
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     return static_cast<T*>(p);
+  }
+  /// A 2 MiB-aligned 2 MiB chunk, advised to be a huge page, populated. Where the kernel has no
+  /// huge page to give (or lacks MADV_POPULATE_WRITE), it is populated page by page.
+  static T* map_huge() {
+    void* p =
+        mmap(nullptr, 2 * kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    auto* raw = static_cast<std::byte*>(p);
+    auto* aligned = reinterpret_cast<std::byte*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + kHugePage - 1) & ~(kHugePage - 1));
+    if (aligned > raw) munmap(raw, std::size_t(aligned - raw));
+    if (aligned + kHugePage < raw + 2 * kHugePage)
+      munmap(aligned + kHugePage, std::size_t(raw + 2 * kHugePage - (aligned + kHugePage)));
+    madvise(aligned, kHugePage, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(aligned, kHugePage, MADV_POPULATE_WRITE) == 0) return reinterpret_cast<T*>(aligned);
+#endif
+    for (std::size_t b = 0; b < kHugePage; b += 4096)
+      reinterpret_cast<volatile std::byte*>(aligned)[b] = std::byte{0};
+    return reinterpret_cast<T*>(aligned);
   }
   std::vector<T*> chunks_;
   std::size_t size_ = 0;

@@ -8,6 +8,7 @@
 #include "cocemu/layers/fused_kernels.h"
 #include "cocemu/runtime/error.h"
 #include "kernels.h"
+#include "mappings.h"
 
 namespace cocemu::layers {
 
@@ -271,8 +272,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   Tensor dx;
   if (!sp_) {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
-    reduce_work =
-        all_reduce(tp_, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
+    reduce_work = detail::reduce_over_tp(tp_, dx_full,
+                                         {.async_op = true, .label = " " + name(o, "column bwd")});
     dx = dx_full;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
     dx = alloc_out(rank, {m / ws, k}, dy.dtype());
@@ -358,7 +359,8 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
           P > 1 || o.strategy == Strategy::script ? fmt::format("[{}/{}]", i + 1, P) : "";
       matmul(rank, name(o, "row fwd matmul") + tag, x.rows(i * per, (i + 1) * per), wop,
              y.rows(i * per, (i + 1) * per), soc);
-      works.push_back(all_reduce(tp_, y.rows(i * per, (i + 1) * per),
+      works.push_back(
+          detail::reduce_over_tp(tp_, y.rows(i * per, (i + 1) * per),
                                  {.async_op = true, .label = tag + " " + name(o, "row fwd")}));
     }
     for (auto& w : works)

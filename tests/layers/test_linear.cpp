@@ -193,6 +193,45 @@ TEST(Linear, EveryOpAndStrategyMatchesTheReferenceInF64) {
     }
 }
 
+// With one member in the TP group Megatron skips the layers' TP all-reduces (mappings.py's
+// `_reduce`, the column backward's grad-input reduction): the results are the reference's and
+// no all_reduce is recorded; with two members each layer records its reductions.
+TEST(Linear, OneMemberTpLaunchesNoAllReduce) {
+  for (bool column : {true, false})
+    for (const Strategy s : {Strategy::serial, Strategy::script}) {
+      const Case c{column, false, 48, 36, 40, DType::f64};
+      const Full f = inputs(c, 9);
+      const LinearOptions o{.strategy = s, .parallel_num = s == Strategy::script ? 2 : 1};
+      const Outcome ref = reference(c, f), got = run_layer(1, c, f, o);
+      EXPECT_LE(rel(got.y, ref.y), 1e-12) << describe(c, o);
+      EXPECT_LE(rel(got.dx, ref.dx), 1e-12) << describe(c, o);
+      EXPECT_LE(rel(got.dw, ref.dw), 1e-12) << describe(c, o);
+      for (const int ws : {1, 2}) {
+        WorldOptions wo;
+        wo.numerics = false;
+        const RunResult run = cocemu::testing::run_ranks(
+            ws,
+            [&](Rank& rank) {
+              Group tp = Group::world(rank);
+              if (column) {
+                ColumnParallelLinear layer(tp, Tensor::shape_only({c.n / ws, c.k}, c.dtype),
+                                           Tensor(), false);
+                layer.backward(layer.forward(Tensor::shape_only({c.m, c.k}, c.dtype), o), o);
+              } else {
+                RowParallelLinear layer(tp, Tensor::shape_only({c.n, c.k / ws}, c.dtype), Tensor(),
+                                        false);
+                layer.forward(Tensor::shape_only({c.m, c.k / ws}, c.dtype), o);
+              }
+            },
+            wo);
+        int reductions = 0;
+        for (const auto& op : run.graph.ranks[0].ops)
+          reductions += op.cls == OpClass::comm && op.name.rfind("all_reduce", 0) == 0;
+        EXPECT_EQ(reductions == 0, ws == 1) << describe(c, o) << " ws " << ws;
+      }
+    }
+}
+
 TEST(Linear, DeterministicStrategiesAreBitwiseIdentical) {
   // f32 and bf16, non-power-of-two k and n, m with remainders for P (the fallback chunk count).
   for (DType t : {DType::f32, DType::bf16})

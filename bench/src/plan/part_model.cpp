@@ -81,6 +81,10 @@ class Pricer {
                             Algorithm::automatic, s_.deterministic)
         .cost.total_ns;
   }
+  /// A layer's TP all-reduce (mappings.h): none with one member, as Megatron skips it.
+  double tp_reduce(std::int64_t count, double size_bytes) const {
+    return ws_ == 1 ? 0 : coll(CollOp::all_reduce, count, size_bytes);
+  }
   double overlapped(double compute_ns, double comm_ns) const {
     return overlapped_ns(compute_ns, comm_ns, p_.contention);
   }
@@ -202,7 +206,7 @@ class Pricer {
     const std::int64_t rows = m / P;  // a chunk's product rows
     auto reduce = [&](std::int64_t r) {
       return sp ? coll(CollOp::reduce_scatter, r / ws_ * n, double(r * n * e_))
-                : coll(CollOp::all_reduce, r * n, double(r * n * e_));
+                : tp_reduce(r * n, double(r * n * e_));
     };
     if (o.strategy == Strategy::serial) {
       Span s = compute(whole);
@@ -246,7 +250,7 @@ class Pricer {
     const bool sp = l_.sequence_parallel && ws_ > 1;
     const double gd = gemm(m, k, nl), gw = weight_grad(nl, k, o);
     if (!sp) {
-      const double ar = coll(CollOp::all_reduce, m * k, double(m * k * e_));
+      const double ar = tp_reduce(m * k, double(m * k * e_));
       Span s = compute(gd);
       s += together(gw, ar);  // the async all_reduce beside the weight-gradient GEMM
       return s;
@@ -443,8 +447,7 @@ StepParts price_copy(const TrainSetup& setup, std::int64_t batch,
   const bool sp = l.sequence_parallel && ws > 1;
   const double full = double(m * h * e);
   Span ef = compute(pr.mem(2 * full));
-  ef += comm(sp ? pr.coll(CollOp::reduce_scatter, ml * h, full)
-                : pr.coll(CollOp::all_reduce, m * h, full));
+  ef += comm(sp ? pr.coll(CollOp::reduce_scatter, ml * h, full) : pr.tp_reduce(m * h, full));
   parts.embedding_fwd = cost_of(ef);
   Span eb = comm(sp ? pr.coll(CollOp::all_gather, ml * h, full) : 0);
   eb += compute(pr.mem(3 * full));

@@ -11,6 +11,7 @@
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/error.h"
 #include "kernels.h"
+#include "mappings.h"
 
 namespace cocemu::layers::train::detail {
 
@@ -46,7 +47,7 @@ Tensor VocabEmbedding::forward(const std::shared_ptr<const Batch>& batch, std::i
     }
   });
   if (!sp_) {
-    all_reduce(tp_, local, {.label = "embedding"});
+    layers::detail::reduce_over_tp(tp_, local, {.label = "embedding"});
     return local;
   }
   Tensor out = alloc(rank, {rows / ws, h}, weight_.dtype());

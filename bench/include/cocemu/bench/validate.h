@@ -4,6 +4,7 @@
 /// throughput, memory bandwidth and model TFLOP/s per device of published training runs, each
 /// modeled on its device profile and compared as `published | modeled | delta %`, with the
 /// parameters each reference was fitted on.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@ struct Reference {
   std::shared_ptr<const TrainSetup> training;
   double published_as_stated = 0;
   std::string conversion;
+  /// The modeled iteration: its time, its pipeline bubble and its exposed communication by kind
+  /// (what the step model's TrainReport says), so a row's delta can be read against its parts.
+  double iteration_ms = 0, bubble_fraction = 0;
+  std::map<std::string, double> exposed_comm_ms;
   /// `cocemu plan` on the same cluster and batch (plan_training): its best, whether it is the
   /// published layout, and how much faster it models (both priced by the plan's evaluator).
   std::string plan_best;

@@ -359,9 +359,10 @@ void add_collbench(CLI::App& app) {
       const std::string label = op.name.substr(pos, op.name.find(' ', pos + 1) - pos);
       if (modeled.count(label)) continue;
       const ScheduledOp& s = result.timeline.at({0, op.index});
-      const auto a = op.detail.find("algo ");
+      const std::string detail = op_detail(op);
+      const auto a = detail.find("algo ");
       modeled[label] = {double(s.end_ns - s.start_ns) / 1e3,
-                        op.detail.substr(a + 5, op.detail.find(' ', a + 5) - a - 5)};
+                        detail.substr(a + 5, detail.find(' ', a + 5) - a - 5)};
     }
     for (std::size_t ci = 0; ci < rows.size(); ++ci) {
       Row& r = rows[ci];

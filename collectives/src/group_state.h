@@ -70,6 +70,8 @@ struct CachedPlan {
   PlanCost cost;
   Plan one_actor;  ///< small calls: `plan` merged for the last arriver (see executor.h)
   std::shared_ptr<const Phases> rounds;  ///< the trace's phases: each round's modeled time
+  /// The calls' op detail ("group tp0 algo ring dtype bf16"), shared by every call of the plan.
+  std::shared_ptr<const std::string> detail;
 };
 
 struct Member {

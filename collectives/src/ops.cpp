@@ -265,6 +265,15 @@ void guarded(const std::shared_ptr<PendingCall>& c, Step step) {
   }
 }
 
+/// A call's op detail without its sequence number (OpRecord::seq): the group, the plan actually
+/// run (hierarchical falls back to the ring where it does not apply) and the dtype.
+std::shared_ptr<const std::string> call_detail(Group& g, const Plan& plan,
+                                               const CallSignature& sig) {
+  return std::make_shared<const std::string>(
+      fmt::format("group {} algo {} dtype {}{}", g.name(), to_string(plan.algorithm),
+                  name_of(sig.dtype), sig.deterministic ? "" : " nondeterministic"));
+}
+
 Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   Rank& rank = g.owner();
   const std::uint64_t seq = g.next_sequence();
@@ -287,8 +296,9 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
     Plan plan = build_plan(req);
     PlanCost cost = price_plan(plan, prof, sig.dtype, g.ranks());
     auto rounds = round_phases(cost);
-    cached = std::make_shared<const detail::CachedPlan>(
-        detail::CachedPlan{std::move(plan), std::move(cost), {}, std::move(rounds)});
+    auto text = call_detail(g, plan, sig);
+    cached = std::make_shared<const detail::CachedPlan>(detail::CachedPlan{
+        std::move(plan), std::move(cost), {}, std::move(rounds), std::move(text)});
   } else {
     auto& cache = member.plans;
     const std::uint64_t key = std::uint64_t(sig.op) | std::uint64_t(sig.algorithm) << 8 |
@@ -300,7 +310,9 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
           model_collective(prof, sig.op, g.ranks(), sig.count, sig.dtype, call.size_bytes,
                            sig.algorithm, sig.deterministic, sig.root);
       auto rounds = round_phases(m.cost);
-      detail::CachedPlan made{std::move(m.plan), std::move(m.cost), {}, std::move(rounds)};
+      auto text = call_detail(g, m.plan, sig);
+      detail::CachedPlan made{
+          std::move(m.plan), std::move(m.cost), {}, std::move(rounds), std::move(text)};
       if (runs_fast(call)) made.one_actor = detail::merge_for_one_actor(made.plan);
       slot = std::make_shared<const detail::CachedPlan>(std::move(made));
     }
@@ -313,10 +325,8 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   spec.work_ns = cost.total_ns;
   spec.bytes = call.size_bytes;
   spec.link_use = cost.link_use.empty() ? 0 : cost.link_use[std::size_t(g.rank())];
-  // The plan actually run: hierarchical falls back to the ring where it does not apply.
-  spec.detail = fmt::format("group {} seq {} algo {} dtype {}{}", g.name(), seq,
-                            to_string(cached->plan.algorithm), name_of(sig.dtype),
-                            sig.deterministic ? "" : " nondeterministic");
+  spec.detail = cached->detail;
+  spec.seq = std::int64_t(seq);
   spec.rendezvous.push_back({fmt::format("coll/{}/{}", g.state().key, seq), g.size()});
   if (o.emulator_only) {
     spec.work_ns = 0;
@@ -646,7 +656,7 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
                             ops[0].kind == P2POp::send ? "to" : "from", ops[0].peer);
   else
     spec.name = fmt::format("batch_isend_irecv x{} {}", ops.size(), format_bytes(spec.bytes));
-  spec.detail = fmt::format("group {}", g.name());
+  spec.detail = std::make_shared<const std::string>(fmt::format("group {}", g.name()));
   Stream& current = rank.current_stream();
   Stream& comm = g.stream();
   if (&current != &comm) comm.wait(current.record());

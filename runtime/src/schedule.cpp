@@ -26,6 +26,11 @@ const char* to_string(OpClass c) {
   return "?";
 }
 
+std::string op_detail(const OpRecord& op) {
+  if (!op.detail) return {};
+  return op.seq < 0 ? *op.detail : *op.detail + " seq " + std::to_string(op.seq);
+}
+
 double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& cm) {
   if (compute_ns <= 0 || comm_ns <= 0) return std::max({compute_ns, comm_ns, 0.0});
   const double compute_slow = compute_ns * cm.compute_slowdown,

@@ -82,7 +82,7 @@ std::string chrome_trace_json(const RunResult& run, const TraceOptions& opt) {
       std::string args = fmt::format(R"("class":"{}")", to_string(op.cls));
       if (op.bytes) args += fmt::format(R"(,"bytes":{})", op.bytes);
       if (op.flops) args += fmt::format(R"(,"flops":{})", op.flops);
-      if (!op.detail.empty()) args += fmt::format(R"(,"detail":"{}")", escape(op.detail));
+      if (op.detail) args += fmt::format(R"(,"detail":"{}")", escape(op_detail(op)));
       if (!op.segment.empty()) args += fmt::format(R"(,"segment":"{}")", escape(op.segment));
       args += fmt::format(R"(,"work_ns":{:.0f})", op.work_ns);
       if (opt.include_wall && op.wall_start_ns >= 0)

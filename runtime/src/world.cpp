@@ -379,6 +379,7 @@ OpRecord& Rank::append_op(int lane, OpSpec&& spec) {
   rec.flops = spec.flops;
   rec.link_use = spec.link_use;
   rec.detail = std::move(spec.detail);
+  rec.seq = spec.seq;
   rec.phases = std::move(spec.phases);
   rec.inner_compute_ns = spec.inner_compute_ns;
   rec.inner_comm_ns = spec.inner_comm_ns;
@@ -502,7 +503,7 @@ std::string World::status_report() const {
       const LaneActivity& lane = a.lanes[l];
       if (!lane.touched) continue;
       std::string what = lane.op ? lane.op->name : std::string();
-      if (lane.op && !lane.op->detail.empty()) what += " (" + lane.op->detail + ")";
+      if (lane.op && lane.op->detail) what += " (" + op_detail(*lane.op) + ")";
       if (!lane.text.empty()) what += (what.empty() ? "" : ": ") + lane.text;
       out += fmt::format(" [{}] {};", l < names.size() ? names[l] : "lane",
                          what.empty() ? "idle" : what);

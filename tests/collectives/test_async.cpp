@@ -173,7 +173,8 @@ TEST(ModeledGolden, RingPlanCostsItsRounds) {
   ASSERT_NE(coll, nullptr);
   ASSERT_TRUE(coll->phases);
   EXPECT_EQ(coll->phases->size(), 6u);
-  EXPECT_NE(coll->detail.find("algo ring"), std::string::npos);
+  EXPECT_NE(op_detail(*coll).find("algo ring"), std::string::npos);
+  EXPECT_NE(op_detail(*coll).find(" seq "), std::string::npos);
 }
 
 }  // namespace

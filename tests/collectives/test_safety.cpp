@@ -125,7 +125,7 @@ TEST(Safety, SkippedCallTimesOutNamingTheMissingRank) {
       {"timed out", "all_reduce(seq 1",
        "not yet joined: group rank 3 (world rank 3, "
        "last joined seq 0)",
-       "what each rank was last doing", "seq 1 algo direct"});  // the op in the report
+       "what each rank was last doing", "algo direct dtype f32 seq 1"});  // the op in the report
 }
 
 TEST(Safety, SkippingOneCallThenCallingAnotherIsAMismatch) {

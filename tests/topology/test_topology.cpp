@@ -89,7 +89,7 @@ TEST(Topology, AutoChoosesByTopologyAndTheRunPricesThePlan) {
       wo);
   std::vector<std::pair<std::string, double>> seen;
   for (const OpRecord& op : r.graph.ranks[0].ops)
-    if (op.cls == OpClass::comm) seen.push_back({op.detail, op.work_ns});
+    if (op.cls == OpClass::comm) seen.push_back({op_detail(op), op.work_ns});
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_NE(seen[0].first.find("algo hierarchical"), std::string::npos) << seen[0].first;
   EXPECT_DOUBLE_EQ(seen[0].second, 24000);

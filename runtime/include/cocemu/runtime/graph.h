@@ -71,8 +71,11 @@ struct OpRecord {
   std::vector<Rendezvous> rendezvous;  ///< ops sharing a key run as one collective
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
-  std::uint8_t link_use = kLinkAll;      ///< comm ops: the links used (LinkUse bits)
-  std::string detail;                    ///< e.g. the collective algorithm
+  std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
+  /// e.g. a collective's group, algorithm and dtype: shared by the calls that have the same, so
+  /// recording one copies no string (op_detail renders it with `seq`).
+  std::shared_ptr<const std::string> detail;
+  std::int64_t seq = -1;                 ///< collectives: the call's sequence number in its group
   std::shared_ptr<const Phases> phases;  ///< null: none
   /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
   double inner_compute_ns = 0, inner_comm_ns = 0;
@@ -90,6 +93,9 @@ struct ModelGraph {
   std::vector<RankGraph> ranks;
   const OpRecord& op(OpRef r) const { return ranks[r.rank].ops[r.index]; }
 };
+
+/// The op's detail with its sequence number ("group tp0 algo ring dtype bf16 seq 12"), or "".
+std::string op_detail(const OpRecord& op);
 
 struct ContentionModel {
   double compute_slowdown = 1.0;  ///< compute runs 1/x as fast while comm is active on its rank

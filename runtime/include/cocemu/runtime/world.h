@@ -36,11 +36,12 @@ struct OpSpec {
   LaunchKind launch = LaunchKind::kernel;
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
-  std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
-  std::string detail;
-  std::vector<Rendezvous> rendezvous;    ///< collectives: one key shared by all participants
-  std::vector<OpRef> deps;               ///< extra modeled dependencies
-  std::shared_ptr<const Phases> phases;  ///< null: none
+  std::uint8_t link_use = kLinkAll;           ///< comm ops: the links used (LinkUse bits)
+  std::shared_ptr<const std::string> detail;  ///< see OpRecord::detail
+  std::int64_t seq = -1;                      ///< collectives: sequence number in the group
+  std::vector<Rendezvous> rendezvous;         ///< collectives: one key shared by all participants
+  std::vector<OpRef> deps;                    ///< extra modeled dependencies
+  std::shared_ptr<const Phases> phases;       ///< null: none
   /// Fused ops: the compute and the comm work inside (their pipeline overlaps them).
   double inner_compute_ns = 0, inner_comm_ns = 0;
 };

@@ -91,7 +91,10 @@ struct Member {
 struct GroupState {
   int id = 0;
   std::string name;
-  std::string key;         // the world-shared key; unique per group, used for rendezvous keys
+  std::string key;  // the world-shared key; unique per group
+  /// A small number unique in the world, for the calls' rendezvous keys ("c3/1234": short enough
+  /// for a string's inline buffer, so recording a call allocates nothing for its key).
+  std::uint32_t rendezvous_id = 0;
   std::vector<int> ranks;  // world ranks by group rank
   std::vector<Member> members;
   Counter arrivals;   // group barrier

@@ -327,7 +327,7 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   spec.link_use = cost.link_use.empty() ? 0 : cost.link_use[std::size_t(g.rank())];
   spec.detail = cached->detail;
   spec.seq = std::int64_t(seq);
-  spec.rendezvous.push_back({fmt::format("coll/{}/{}", g.state().key, seq), g.size()});
+  spec.rendezvous.push_back({fmt::format("c{}/{}", g.state().rendezvous_id, seq), g.size()});
   if (o.emulator_only) {
     spec.work_ns = 0;
     spec.launch = LaunchKind::none;

@@ -125,9 +125,11 @@ struct Sim {
     for (std::size_t i = 0; i < n; ++i)
       for (const auto& rv : ops[i]->rendezvous)
         COCEMU_CHECK(joined[rv.key] == rv.members, Errc::mismatch,
-                     "modeled schedule: '{}' on rank {} ('{}') expects {} participants, {} joined "
-                     "(a collective or send/recv that not every participant called)",
-                     rv.key, ops[i]->rank, ops[i]->name, rv.members, joined[rv.key]);
+                     "modeled schedule: '{}' on rank {} ('{}'{}) expects {} participants, {} "
+                     "joined (a collective or send/recv that not every participant called)",
+                     rv.key, ops[i]->rank, ops[i]->name,
+                     ops[i]->detail ? ", " + op_detail(*ops[i]) : std::string(), rv.members,
+                     joined[rv.key]);
     job_of.assign(n, -1);
     std::unordered_map<std::size_t, int> job_of_root;
     for (std::size_t i = 0; i < n; ++i) {

@@ -359,7 +359,7 @@ void add_attention(CLI::App& app) {
     wo.numerics = numerics;
     wo.profile = std::make_shared<const DeviceProfile>(load_named_profile(o->profile));
     std::mutex mu;
-    std::uint32_t boundary = 0;
+    std::vector<std::uint32_t> boundary(std::size_t(o->cp), 0);  // first backward op, by rank
     std::vector<TransferRecord> fwd_xfer, bwd_xfer;
     RunResult r = run(wo, [&](Rank& rank) {
       Group world = Group::world(rank);
@@ -370,8 +370,8 @@ void add_attention(CLI::App& app) {
       const std::uint32_t b = std::uint32_t(rank.graph().ops.size());
       auto g = attn.backward(rows_of(dout, pos));
       std::lock_guard lock(mu);
+      boundary[std::size_t(rank.id())] = b;
       if (rank.id() == 0) {
-        boundary = b;
         fwd_xfer = fx;
         bwd_xfer = attn.transfers();
       }
@@ -390,23 +390,35 @@ void add_attention(CLI::App& app) {
                       e);
       }
     });
-    // Modeled report from rank 0's timeline.
-    const RankGraph& g0 = r.graph.ranks[0];
-    std::int64_t fwd_end = 0, fwd_busy = 0, bwd_busy = 0;
+    // Modeled report. The ranks of a causal ring run different blocks (the first gets later
+    // ranks' blocks cut to half their queries), so each pass is reported from the rank that ends
+    // it: its time, its compute and what of its time no compute covers. The steps are rank 0's.
+    struct PassEnd {
+      std::int64_t end = -1, busy = 0;
+      int rank = 0;
+    };
+    PassEnd fwd, all;
     std::vector<std::string> steps;
-    for (const OpRecord& op : g0.ops) {
-      const ScheduledOp& s = r.timeline.at({0, op.index});
-      const bool fwd = op.index < boundary;
-      if (fwd) fwd_end = std::max(fwd_end, s.end_ns);
-      if (op.lane == 1 && op.cls == OpClass::compute)
-        (fwd ? fwd_busy : bwd_busy) += s.end_ns - s.start_ns;
-      if ((op.lane == 1 && op.name.rfind("attn ", 0) == 0) ||
-          (op.lane != 0 && op.cls == OpClass::comm))
-        steps.push_back(fmt::format("  {:<8} {:<44} {:>12.1f} {:>12.1f}",
-                                    op.lane == 1 ? "compute" : "comm", op.name, s.start_ns / 1e3,
-                                    (s.end_ns - s.start_ns) / 1e3));
+    for (int rk = 0; rk < o->cp; ++rk) {
+      std::int64_t fwd_end = 0, end = 0, fwd_busy = 0, bwd_busy = 0;
+      for (const OpRecord& op : r.graph.ranks[std::size_t(rk)].ops) {
+        const ScheduledOp& s = r.timeline.at({rk, op.index});
+        const bool forward = op.index < boundary[std::size_t(rk)];
+        if (forward) fwd_end = std::max(fwd_end, s.end_ns);
+        end = std::max(end, s.end_ns);
+        if (op.lane == 1 && op.cls == OpClass::compute)
+          (forward ? fwd_busy : bwd_busy) += s.end_ns - s.start_ns;
+        if (rk == 0 && ((op.lane == 1 && op.name.rfind("attn ", 0) == 0) ||
+                        (op.lane != 0 && op.cls == OpClass::comm)))
+          steps.push_back(fmt::format("  {:<8} {:<44} {:>12.1f} {:>12.1f}",
+                                      op.lane == 1 ? "compute" : "comm", op.name, s.start_ns / 1e3,
+                                      (s.end_ns - s.start_ns) / 1e3));
+      }
+      if (fwd_end > fwd.end) fwd = {fwd_end, fwd_busy, rk};
+      if (end > all.end) all = {end, bwd_busy, rk};
     }
-    const std::int64_t total = r.timeline.makespan_ns(), bwd_time = total - fwd_end;
+    const std::int64_t fwd_end = fwd.end, fwd_busy = fwd.busy, bwd_busy = all.busy;
+    const std::int64_t bwd_time = all.end - fwd_end;
     std::printf(
         "# cocemu attention: %s cp=%d window=%d ulysses=%d mask=%s overlap=%s layout=%s, %s, "
         "profile %s%s\n",
@@ -416,10 +428,14 @@ void add_attention(CLI::App& app) {
                     p.head_dim, name_of(dtype))
             .c_str(),
         wo.profile->name.c_str(), numerics ? "" : "  [DRY RUN: shapes only, numerics skipped]");
-    std::printf("modeled forward  %12.1f us   compute %12.1f us   exposed comm %12.1f us\n",
-                fwd_end / 1e3, fwd_busy / 1e3, (fwd_end - fwd_busy) / 1e3);
-    std::printf("modeled backward %12.1f us   compute %12.1f us   exposed comm %12.1f us\n",
-                bwd_time / 1e3, bwd_busy / 1e3, (bwd_time - bwd_busy) / 1e3);
+    std::printf(
+        "modeled forward  %12.1f us   compute %12.1f us   exposed comm %12.1f us   (rank %d, "
+        "the last to finish)\n",
+        fwd_end / 1e3, fwd_busy / 1e3, (fwd_end - fwd_busy) / 1e3, fwd.rank);
+    std::printf(
+        "modeled backward %12.1f us   compute %12.1f us   exposed comm %12.1f us   (rank %d, "
+        "the last to finish)\n",
+        bwd_time / 1e3, bwd_busy / 1e3, (bwd_time - bwd_busy) / 1e3, all.rank);
     std::uint64_t fb = 0, bb = 0;
     for (const auto& t : fwd_xfer)
       fb += t.bytes;

@@ -62,6 +62,9 @@ TEST(AttentionCli, DryRunIsLabelledAndBadOptionsAreErrors) {
   EXPECT_NE(out.find("DRY RUN: shapes only, numerics skipped"), std::string::npos) << out;
   EXPECT_NE(out.find("modeled forward"), std::string::npos);
   EXPECT_NE(out.find("exposed comm"), std::string::npos);
+  // A causal ring's forward ends on its last rank: the one whose blocks from earlier ranks are
+  // cut to half their keys (fewer keys per row: the slowest kernels).
+  EXPECT_NE(out.find("(rank 15, the last to finish)"), std::string::npos) << out;
   out = cocemu::testing::run_command(
       fmt::format("{} attention --cp 4 --algo ulysses_cp_algo --heads 6", COCEMU_BINARY), &status);
   EXPECT_NE(status, 0);

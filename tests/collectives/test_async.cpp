@@ -5,8 +5,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <set>
+#include <string>
 #include <thread>
 
+#include "cocemu/collectives/group.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/runtime/cost_model.h"
 #include "testing.h"
@@ -175,6 +178,38 @@ TEST(ModeledGolden, RingPlanCostsItsRounds) {
   EXPECT_EQ(coll->phases->size(), 6u);
   EXPECT_NE(op_detail(*coll).find("algo ring"), std::string::npos);
   EXPECT_NE(op_detail(*coll).find(" seq "), std::string::npos);
+}
+
+// A collective's record carries its group's shared detail and its own sequence number; its
+// rendezvous key is short and names the group by a number unique in the world, so calls with the
+// same sequence number in different groups (world, new_group, split) never meet, and every member
+// of one call records the same key.
+TEST(Async, CallsOfDifferentGroupsHaveDistinctKeysAndDetails) {
+  const RunResult r = run_ranks(4, [](Rank& rank) {
+    Group world = Group::world(rank);
+    Group all = new_group(rank, {0, 1, 2, 3}, "all");
+    Group half = split(world, rank.id() / 2, rank.id());
+    for (Group* g : {&world, &all, &half, &world})
+      all_reduce(*g, Tensor::zeros({16}, DType::f32));
+  });
+  std::vector<std::string> first_keys;
+  for (int rk = 0; rk < 4; ++rk) {
+    std::vector<std::string> keys, details;
+    for (const auto& op : r.graph.ranks[std::size_t(rk)].ops)
+      if (op.cls == OpClass::comm) {
+        ASSERT_EQ(op.rendezvous.size(), 1u);
+        keys.push_back(op.rendezvous[0].key);
+        details.push_back(op_detail(op));
+        EXPECT_LE(op.rendezvous[0].key.size(), 15u) << op.rendezvous[0].key;  // inline buffer
+      }
+    ASSERT_EQ(keys.size(), 4u);
+    EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), 4u) << rk;
+    EXPECT_EQ(details[0], "group world algo direct dtype f32 seq 0") << rk;
+    EXPECT_EQ(details[1], "group all algo direct dtype f32 seq 0") << rk;
+    EXPECT_EQ(details[3], "group world algo direct dtype f32 seq 1") << rk;
+    if (rk == 0) first_keys = keys;
+    if (rk == 1) EXPECT_EQ(keys, first_keys);  // ranks 0 and 1 share every group
+  }
 }
 
 }  // namespace

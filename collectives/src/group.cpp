@@ -47,26 +47,28 @@ std::string ranks_str(const std::vector<int>& ranks) {
     s += fmt::format("{}{}", s.empty() ? "" : ",", r);
   return "[" + s + "]";
 }
-}  // namespace
 
-namespace {
-/// The counter that numbers a world's groups (GroupState::rendezvous_id), fetched before a
-/// group is made: World::shared runs makers under its lock, so a maker cannot ask for it.
-std::shared_ptr<std::atomic<std::uint32_t>> group_ids(Rank& rank) {
-  return rank.world().shared<std::atomic<std::uint32_t>>(
+/// The group under `key`, shared by every rank of the world; the first rank to ask makes it with
+/// `make`, sets its key and numbers it (GroupState::rendezvous_id). The numbering counter is
+/// fetched first: World::shared runs makers under its lock, so a maker cannot ask for it.
+template <class Make>
+std::shared_ptr<detail::GroupState> shared_group(Rank& rank, const std::string& key, Make&& make) {
+  const auto ids = rank.world().shared<std::atomic<std::uint32_t>>(
       "group/rendezvous ids", [] { return std::make_shared<std::atomic<std::uint32_t>>(0); });
+  return rank.world().shared<detail::GroupState>(key, [&] {
+    std::shared_ptr<detail::GroupState> s = make();
+    s->key = key;
+    s->rendezvous_id = ids->fetch_add(1);
+    return s;
+  });
 }
 }  // namespace
 
 Group Group::world(Rank& rank) {
-  const auto ids = group_ids(rank);
-  auto state = rank.world().shared<detail::GroupState>("group/world", [&] {
+  auto state = shared_group(rank, "group/world", [&] {
     std::vector<int> all(std::size_t(rank.world_size()));
     std::iota(all.begin(), all.end(), 0);
-    auto s = std::make_shared<detail::GroupState>(0, "world", all);
-    s->key = "group/world";
-    s->rendezvous_id = ids->fetch_add(1);
-    return s;
+    return std::make_shared<detail::GroupState>(0, "world", all);
   });
   Group g;
   g.state_ = state;
@@ -128,13 +130,9 @@ Group new_group(Rank& rank, const std::vector<int>& ranks, const std::string& na
                    rank.world_size() - 1);
   const std::uint64_t k = rank.next_sequence("new_group");
   const std::string key = fmt::format("group/new/{}", k);
-  const auto ids = group_ids(rank);
-  auto state = rank.world().shared<detail::GroupState>(key, [&] {
-    auto s = std::make_shared<detail::GroupState>(
+  auto state = shared_group(rank, key, [&] {
+    return std::make_shared<detail::GroupState>(
         int(k) + 1, name.empty() ? fmt::format("g{}", k + 1) : name, ranks);
-    s->key = key;
-    s->rendezvous_id = ids->fetch_add(1);
-    return s;
   });
   COCEMU_CHECK(state->ranks == ranks, Errc::mismatch,
                "new_group call #{} disagrees across ranks: rank {} passed {}, another rank passed "
@@ -184,13 +182,9 @@ Group split(Group& parent, int color, int key) {
   for (const auto& [kk, r] : order)
     members.push_back(parent.world_rank_of(r));
   const std::string skey = fmt::format("group/split/{}/{}/{}", parent.state().key, k, color);
-  const auto ids = group_ids(rank);
-  g.state_ = rank.world().shared<detail::GroupState>(skey, [&] {
-    auto s = std::make_shared<detail::GroupState>(
+  g.state_ = shared_group(rank, skey, [&] {
+    return std::make_shared<detail::GroupState>(
         1000 + int(k), fmt::format("{}.split{}.c{}", parent.name(), k, color), members);
-    s->key = skey;
-    s->rendezvous_id = ids->fetch_add(1);
-    return s;
   });
   const auto it = std::find(members.begin(), members.end(), rank.id());
   g.local_rank_ = int(it - members.begin());

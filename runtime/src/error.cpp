@@ -18,6 +18,8 @@ const char* to_string(Errc code) {
       return "parse error";
     case Errc::rank_exception:
       return "exception in rank";
+    case Errc::too_large:
+      return "too large to model";
     case Errc::internal:
       return "internal error";
   }

@@ -136,5 +136,24 @@ TEST(ReviewCollectives, ParityOrderedOrBatchedExchangesRun) {
     });
 }
 
+// A ring or direct plan has a step for every member and segment: a large buffer over thousands
+// of members (a dry run's data-parallel group at 512 nodes) would need gigabytes of steps. Such a
+// plan is refused at once with Errc::too_large, naming the call; a tiny call over as many members
+// (the gradient norm's all_reduce over the world) has few steps and is still priced.
+TEST(ReviewCollectives, FlatPlansTooLargeToBuildAreAClearError) {
+  const auto p = testing::round_profile();
+  for (Algorithm a : {Algorithm::ring, Algorithm::direct})
+    expect_error(
+        [&] {
+          (void)build_plan({CollOp::reduce_scatter, a, 4096, 1 << 20, 0, false, {}});
+        },
+        Errc::too_large, {"reduce_scatter", "4096 members", "1.68e+07 steps", "smaller groups"});
+  // n · min(n, count) at the limit is built: 2048 members of a large buffer, 4096 of one element.
+  const Plan at_limit = build_plan({CollOp::all_reduce, Algorithm::ring, 2048, 4096, 0, false, {}});
+  EXPECT_FALSE(at_limit.rounds.empty());
+  const Plan tiny = build_plan({CollOp::all_reduce, Algorithm::ring, 4096, 1, 0, false, {}});
+  EXPECT_GT(price_plan(tiny, *p, DType::f32).total_ns, 0);
+}
+
 }  // namespace
 }  // namespace cocemu

@@ -417,7 +417,13 @@ Assessed assess(const PlanQuery& q, Evaluator& ev, TrainLayout l) {
       l.stage_layers.clear();
   }
   if (std::string why = prune_reason(q, l, ev.memo()); !why.empty()) return {std::move(why), {}};
-  return {"", ev.evaluate(l)};
+  try {
+    return {"", ev.evaluate(l)};
+  } catch (const Error& e) {
+    // model_collective refuses plans too large to build (a ring over thousands of members).
+    if (e.code() != Errc::too_large) throw;
+    return {"a collective too large to price (a ring or direct plan over > 2048 members)", {}};
+  }
 }
 
 /// Why the winner beats the runner-up: the terms that differ, largest first.

@@ -1,6 +1,9 @@
 #pragma once
 // Helpers shared by the algorithm builders.
+#include <algorithm>
+
 #include "cocemu/collectives/plan.h"
+#include "cocemu/runtime/error.h"
 
 namespace cocemu::algo {
 
@@ -16,6 +19,17 @@ inline std::vector<int> reduction_order(int n, int s, bool deterministic) {
   for (int i = 0; i < n; ++i)
     order[std::size_t(i)] = deterministic ? i : mod(s + i, n);
   return order;
+}
+
+/// Refuses a ring or direct plan of more than kMaxFlatPlanSteps steps per phase.
+inline void check_flat_plan_size(const PlanRequest& req, const char* algorithm) {
+  const double n = double(req.n);
+  const double steps = n * std::min(n, double(std::max<std::int64_t>(req.count, 1)));
+  COCEMU_CHECK(steps <= kMaxFlatPlanSteps, Errc::too_large,
+               "a {} {} of {} elements over {} members needs a plan of {:.3g} steps per phase "
+               "(every member with every segment); at most {:.3g} are built: use smaller groups "
+               "(more tp, cp or pp, less dp) or fewer nodes",
+               algorithm, to_string(req.op), req.count, req.n, steps, kMaxFlatPlanSteps);
 }
 
 inline Step copy_step(int actor, BufRef src, BufRef dst, std::int64_t count) {

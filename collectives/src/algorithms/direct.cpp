@@ -29,6 +29,7 @@ AllToAllLayout all_to_all_layout(const PlanRequest& req) {
 Plan build_direct_plan(const PlanRequest& req) {
   const int n = req.n;
   const std::int64_t c = req.count;
+  algo::check_flat_plan_size(req, "direct");
   Plan plan{req.op, Algorithm::direct, {}, 0};
   std::vector<Step> round;
   switch (req.op) {

@@ -134,6 +134,7 @@ Plan build_ring_plan(const PlanRequest& req) {
     p.algorithm = Algorithm::ring;
     return p;
   }
+  algo::check_flat_plan_size(req, "ring");
   auto seg_off = [&](int s) { return segment_offset(c, n, s); };
   auto seg_len = [&](int s) { return segment_length(c, n, s); };
   switch (req.op) {

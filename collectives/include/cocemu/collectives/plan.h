@@ -104,6 +104,10 @@ struct ModeledCollective {
   Plan plan;
   PlanCost cost;
 };
+/// A ring or direct plan has a step for every member and segment, n · min(n, count) per phase:
+/// build_plan refuses larger ones (a ring of a large buffer over more than 2048 members) with an
+/// Errc::too_large error, instead of building a plan that would not fit in memory.
+constexpr double kMaxFlatPlanSteps = 2048.0 * 2048.0;
 ModeledCollective model_collective(const DeviceProfile& profile, CollOp op,
                                    const std::vector<int>& world_ranks, std::int64_t count,
                                    DType dtype, std::uint64_t size_bytes, Algorithm algo,

@@ -16,6 +16,7 @@ enum class Errc {
   remote_failure,    ///< another rank failed, this one was unwound
   parse_error,       ///< a configuration file is malformed (message carries file:line)
   rank_exception,    ///< a rank's function threw something other than a cocemu::Error
+  too_large,         ///< valid, but beyond what cocemu can model in this machine's memory
   internal,          ///< a bug in cocemu itself
 };
 

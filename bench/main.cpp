@@ -48,7 +48,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cocemu: error: %s\n", e.what());
     return 2;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "cocemu: error: out of memory; use --dry-run or smaller sizes\n");
+    std::fprintf(stderr,
+                 "cocemu: error: out of memory on this machine; use smaller sizes, or --dry-run "
+                 "where the numerics' buffers are what does not fit\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cocemu: error: %s\n", e.what());

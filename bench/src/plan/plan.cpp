@@ -420,9 +420,12 @@ Assessed assess(const PlanQuery& q, Evaluator& ev, TrainLayout l) {
   try {
     return {"", ev.evaluate(l)};
   } catch (const Error& e) {
-    // model_collective refuses plans too large to build (a ring over thousands of members).
+    // build_plan refuses ring and direct plans too large to build (kMaxFlatPlanSteps).
     if (e.code() != Errc::too_large) throw;
-    return {"a collective too large to price (a ring or direct plan over > 2048 members)", {}};
+    return {fmt::format("a collective too large to price (a ring or direct plan over > {:.0f} "
+                        "members)",
+                        std::sqrt(kMaxFlatPlanSteps)),
+            {}};
   }
 }
 

@@ -249,7 +249,8 @@ void add_collbench(CLI::App& app) {
          std::uint64_t(1) << 40);
   number(sub, "-f,--factor", o->factor, "size multiplier between rows", 2, 1024);
   sub->add_option("-d,--dtype", o->dtype, "f32, f64, f16, bf16, i32")->capture_default_str();
-  sub->add_option("-a,--algo", o->algo, "auto, ring or direct")->capture_default_str();
+  sub->add_option("-a,--algo", o->algo, "auto, ring, direct, hierarchical or tree")
+      ->capture_default_str();
   sub->add_option("-p,--profile", o->profile, "device profile name or YAML path")
       ->capture_default_str();
   number(sub, "--samples", o->samples, "timed samples per row (0 = by size)", 0, 1000);

@@ -56,6 +56,8 @@ const char* to_string(Algorithm a) {
       return "direct";
     case Algorithm::hierarchical:
       return "hierarchical";
+    case Algorithm::tree:
+      return "tree";
   }
   return "?";
 }
@@ -65,8 +67,10 @@ Algorithm parse_algorithm(const std::string& s) {
   if (s == "ring") return Algorithm::ring;
   if (s == "direct") return Algorithm::direct;
   if (s == "hierarchical") return Algorithm::hierarchical;
+  if (s == "tree") return Algorithm::tree;
   COCEMU_FAIL(Errc::invalid_argument,
-              "unknown collective algorithm '{}'; allowed: auto, ring, direct, hierarchical", s);
+              "unknown collective algorithm '{}'; allowed: auto, ring, direct, hierarchical, tree",
+              s);
 }
 
 std::int64_t segment_offset(std::int64_t count, int n, int s) {
@@ -84,6 +88,7 @@ Plan build_plan(const PlanRequest& req) {
                "build_plan needs a resolved algorithm");
   Plan plan = req.algorithm == Algorithm::ring           ? build_ring_plan(req)
               : req.algorithm == Algorithm::hierarchical ? build_hierarchical_plan(req)
+              : req.algorithm == Algorithm::tree         ? build_tree_plan(req)
                                                          : build_direct_plan(req);
   // Rounds where nobody moves anything (small counts) need no synchronisation.
   std::erase_if(plan.rounds, [](const std::vector<Step>& r) { return r.empty(); });

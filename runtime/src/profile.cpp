@@ -90,7 +90,7 @@ std::vector<AlgorithmRule> parse_auto_rules(
     r.algorithm = rule.string("algorithm");
     COCEMU_CHECK(algorithms.count(r.algorithm), Errc::parse_error,
                  "{}: collectives.{} algorithm '{}' has no cost entry; allowed: ring, direct, "
-                 "hierarchical (with a collectives.hierarchical entry)",
+                 "hierarchical and tree (each with its collectives entry)",
                  rule.where(), key, r.algorithm);
     COCEMU_CHECK(r.max_bytes > previous, Errc::parse_error,
                  "{}: collectives.{} rules must have increasing max_bytes ({} after {})",
@@ -174,8 +174,9 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   memory.finish();
 
   YamlReader coll = top.map("collectives");
-  for (const char* algo : {"ring", "direct", "hierarchical"}) {
-    if (std::string(algo) == "hierarchical" && !coll.has(algo)) continue;  // optional
+  for (const char* algo : {"ring", "direct", "hierarchical", "tree"}) {
+    const bool optional = std::string(algo) == "hierarchical" || std::string(algo) == "tree";
+    if (optional && !coll.has(algo)) continue;
     YamlReader a = coll.map(algo);
     CollectiveAlgorithmCost c;
     c.step_latency_ns = a.number("step_latency_ns", 0, 1e8);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "cocemu/attention/context_parallel.h"
 #include "cocemu/collectives/ops.h"
@@ -25,8 +27,8 @@ std::string two_level(int per_node, double intra = 1e9, double inter = 1e8,
       "{{topology: {{devices_per_node: {}, intra_node: {{fabric: mesh, per_peer_bytes_per_s: {}, "
       "per_device_bytes_per_s: {}, latency_ns: 0}}, inter_node: {{per_device_bytes_per_s: {}, "
       "latency_ns: 0}}}}, collectives: {{hierarchical: {{step_latency_ns: 0, "
-      "bandwidth_efficiency: 1.0}}, auto_multi_node: [{{max_bytes: .inf, algorithm: "
-      "hierarchical}}]}}{}}}",
+      "bandwidth_efficiency: 1.0}}, tree: {{step_latency_ns: 0, bandwidth_efficiency: 1.0}}, "
+      "auto_multi_node: [{{max_bytes: .inf, algorithm: hierarchical}}]}}{}}}",
       per_node, intra, 64 * intra, inter, more);
 }
 
@@ -104,11 +106,11 @@ void fill(const Tensor& t, int r, std::int64_t salt) {
     t.data<T>()[i] = store_as<T>(acc_t<T>(double((r * 5 + i + salt) % 7) - 3));
 }
 
-// The hierarchical plan is exact for every reduce op, dtype, count and placement (small integers:
-// any summation order gives the exact answer), in place and out of place.
-TEST(Topology, HierarchicalAllReduceIsExact) {
+// A multi-node all_reduce plan is exact for every reduce op, dtype, count and placement (small
+// integers: any summation order gives the exact answer), in place and out of place.
+void expect_exact_all_reduce(Algorithm algo, std::initializer_list<int> node_counts) {
   for (int per_node : {1, 2, 3, 4})
-    for (int nodes : {2, 3, 4}) {
+    for (int nodes : node_counts) {
       const int n = per_node * nodes;
       WorldOptions wo;
       wo.profile = testing::round_profile(two_level(per_node));
@@ -129,7 +131,7 @@ TEST(Topology, HierarchicalAllReduceIsExact) {
                         Tensor in = Tensor::zeros({c}, t);
                         Tensor out = in_place ? in : Tensor::zeros({c}, t);
                         fill<T>(in, rank.id(), c);
-                        all_reduce(g, in, out, {.op = op, .algo = Algorithm::hierarchical});
+                        all_reduce(g, in, out, {.op = op, .algo = algo});
                         rank.synchronize();
                         for (std::int64_t i = 0; i < c; ++i) {
                           double want = op == ReduceOp::max ? -1e9 : op == ReduceOp::min ? 1e9 : 0;
@@ -142,9 +144,9 @@ TEST(Topology, HierarchicalAllReduceIsExact) {
                           if (op == ReduceOp::avg) want /= n;
                           const T w = store_as<T>(acc_t<T>(want));
                           ASSERT_EQ(std::memcmp(&out.data<T>()[i], &w, sizeof(T)), 0)
-                              << "n " << n << " per node " << per_node << " " << name_of(t) << " c "
-                              << c << " op " << to_string(op) << " in place " << in_place << " i "
-                              << i << ": " << out.item(i) << " vs " << want;
+                              << to_string(algo) << " n " << n << " per node " << per_node << " "
+                              << name_of(t) << " c " << c << " op " << to_string(op) << " in place "
+                              << in_place << " i " << i << ": " << out.item(i) << " vs " << want;
                         }
                       }
                     });
@@ -152,6 +154,78 @@ TEST(Topology, HierarchicalAllReduceIsExact) {
           },
           wo);
     }
+}
+
+TEST(Topology, HierarchicalAllReduceIsExact) {
+  expect_exact_all_reduce(Algorithm::hierarchical, {2, 3, 4});
+}
+
+// The tree over 2, 3, 5 and 8 nodes: full and partial binomial trees, both halves.
+TEST(Topology, TreeAllReduceIsExact) {
+  expect_exact_all_reduce(Algorithm::tree, {2, 3, 5, 8});
+}
+
+// R-TO-2, NCCL's tree: an all_reduce of c = 1000 f32 on 4 nodes of 2 (8 ranks). Round 0: each
+// node's leader (its first member) reduces its peer's input, both halves, 4000 B on the peer
+// link: 4000 ns. Then ⌈log₂ 4⌉ = 2 rounds up and 2 down the trees; each half (500 elements,
+// 2000 B) has its own tree, the second over the nodes mirrored, so every round every leader's NIC
+// carries one half at most each way: 2000 B at 0.1 B/ns = 20000 ns (a single tree would put both
+// halves on its inner nodes' NICs: 40000). Last, each leader copies the result to its peer:
+// 4000 ns. 88000 ns in 6 rounds, against the ring's 2·(8 − 1) = 14.
+TEST(Topology, TreeAllReduceUsesTwoMirroredTrees) {
+  const auto p = testing::round_profile(two_level(2));
+  PlanRequest req{CollOp::all_reduce, Algorithm::tree, 8, 1000, 0, false, {}};
+  req.nodes = {0, 0, 1, 1, 2, 2, 3, 3};
+  const Plan t = build_plan(req);
+  EXPECT_EQ(t.algorithm, Algorithm::tree);
+  const PlanCost c = price_plan(t, *p, DType::f32, {0, 1, 2, 3, 4, 5, 6, 7});
+  const std::vector<double> want{4000, 20000, 20000, 20000, 20000, 4000};
+  EXPECT_EQ(c.round_ns, want);
+  // One member per node: no intra-node rounds; 3 nodes take ⌈log₂ 3⌉ = 2 rounds each way.
+  req = {CollOp::all_reduce, Algorithm::tree, 3, 1000, 0, false, {}};
+  req.nodes = {0, 1, 2};
+  EXPECT_EQ(build_plan(req).rounds.size(), 4u);
+  // Deterministic mode: the direct plan (rank-ordered sums); other ops and one node: the ring.
+  req.deterministic = true;
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::direct);
+  req.deterministic = false;
+  req.op = CollOp::all_gather;
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
+  req = {CollOp::all_reduce, Algorithm::tree, 4, 1000, 0, false, {}};
+  req.nodes = {0, 0, 0, 0};
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
+}
+
+// The GPU profiles' auto table takes the tree for small multi-node all_reduces, as NCCL's tuner
+// does: 4 KiB over 128 nodes of 8 H100s is 2 + 2·7 rounds, tens of µs (the ring's 2·1023 rounds
+// of step latency took 11.3 ms); larger calls keep the hierarchical plan.
+TEST(Topology, SmallMultiNodeAllReducesTakeTheTree) {
+  const DeviceProfile h100 = load_named_profile("h100-sxm");
+  std::vector<int> world(1024);
+  for (int r = 0; r < 1024; ++r)
+    world[std::size_t(r)] = r;
+  const ModeledCollective small = model_collective(h100, CollOp::all_reduce, world, 1024,
+                                                   DType::f32, 4096, Algorithm::automatic, false);
+  EXPECT_EQ(small.plan.algorithm, Algorithm::tree);
+  EXPECT_EQ(small.plan.rounds.size(), 16u);
+  EXPECT_LT(small.cost.total_ns, 200e3);
+  const ModeledCollective large = model_collective(
+      h100, CollOp::all_reduce, world, 1 << 20, DType::f32, 4u << 20, Algorithm::automatic, false);
+  EXPECT_EQ(large.plan.algorithm, Algorithm::hierarchical);
+  // A profile's auto table may name the tree only with a cost entry for it: the H100 profile
+  // without its `tree:` entry.
+  std::ifstream file(config_dir() + "/devices/h100-sxm.yaml");
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::size_t at = text.find("\n  tree:\n");
+  ASSERT_NE(at, std::string::npos);
+  const std::size_t end = text.find("\n  #", at + 1);  // the comment after its two lines
+  ASSERT_NE(end, std::string::npos);
+  text.erase(at, end - at);
+  for (const std::string line :
+       {"  - collectives.tree.step_latency_ns\n", "  - collectives.tree.bandwidth_efficiency\n"})
+    text.erase(text.find(line), line.size());
+  expect_error([&] { parse_device_profile(text, "no-tree.yaml"); }, Errc::parse_error,
+               {"no-tree.yaml", "'tree'", "hierarchical and tree"});
 }
 
 // NCCL's multi-node rings: a reduce_scatter of c = 8192 f32 per block on 4 ranks, 2 per node,

@@ -31,8 +31,11 @@ const char* to_string(ReduceOp op);
 
 /// hierarchical: for groups spanning nodes, intra-node reduce-scatter, an inter-node all-reduce
 /// among the members with the same local index, intra-node all-gather (NCCL's and HCCL's
-/// multi-node all_reduce); other ops and deterministic mode use the ring.
-enum class Algorithm : std::uint8_t { automatic, ring, direct, hierarchical };
+/// multi-node all_reduce); tree: for groups spanning nodes, a reduction to each node's first
+/// member, up and down a tree over the nodes, and a copy to the node (NCCL's tree, for small
+/// multi-node all_reduces). Both fall back to the ring for other ops, and to the direct plan
+/// (rank-ordered sums) in deterministic mode.
+enum class Algorithm : std::uint8_t { automatic, ring, direct, hierarchical, tree };
 const char* to_string(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);
 
@@ -71,7 +74,7 @@ struct PlanRequest {
   bool deterministic = true;
   /// all_to_all only: send_counts[r][p] = elements rank r sends to p (empty = equal split).
   std::vector<std::vector<std::int64_t>> send_counts;
-  /// hierarchical only: the node of each member (empty: one node).
+  /// hierarchical and tree: the node of each member (empty: one node).
   std::vector<int> nodes;
 };
 
@@ -81,6 +84,7 @@ Plan build_plan(const PlanRequest& request);
 Plan build_direct_plan(const PlanRequest& request);
 Plan build_ring_plan(const PlanRequest& request);
 Plan build_hierarchical_plan(const PlanRequest& request);
+Plan build_tree_plan(const PlanRequest& request);
 
 /// Modeled cost of a plan: total and per round (ns at full speed).
 struct PlanCost {

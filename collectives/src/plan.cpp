@@ -180,7 +180,7 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
         if (d.rank != st.actor) move(st.actor, d.rank, b);
       }
     }
-    double link_s = 0, local_s = 0, busiest = 0;
+    double link_s = 0, net_s = 0, local_s = 0, busiest = 0;
     std::sort(pairs.begin(), pairs.end());
     for (std::size_t k = 0; k < pairs.size();) {  // bytes per peer link
       double b = 0;
@@ -192,17 +192,20 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
     for (std::size_t r = 0; r < nn; ++r) {
       link_s = std::max({link_s, out[r] / topo.intra_per_device, in[r] / topo.intra_per_device});
       if (crosses)
-        link_s = std::max(
-            {link_s, net_out[r] / topo.inter_per_device, net_in[r] / topo.inter_per_device});
+        net_s = std::max(
+            {net_s, net_out[r] / topo.inter_per_device, net_in[r] / topo.inter_per_device});
       busiest = std::max(busiest, out[r] + net_out[r]);
       local_s = std::max(local_s, local[r] / p.memory_bandwidth);
     }
-    // Links and local memory work overlap; the slower one bounds the round. A round that crosses
-    // nodes pays the network's extra hop latency on top of the algorithm's step α.
+    // Links and local memory work overlap; the slower one bounds the round. The NICs reach their
+    // own measured fraction of their rate where the profile gives one, else the algorithm's. A
+    // round that crosses nodes pays the network's extra hop latency on top of the step α.
     const double hop_ns =
         crosses ? std::max(0.0, topo.inter_latency_ns - topo.intra_latency_ns) : 0.0;
-    const double ns =
-        a.step_latency_ns + hop_ns + std::max(link_s / a.bandwidth_efficiency, local_s) * 1e9;
+    const double net_eff =
+        topo.inter_efficiency > 0 ? topo.inter_efficiency : a.bandwidth_efficiency;
+    const double ns = a.step_latency_ns + hop_ns +
+                      std::max({link_s / a.bandwidth_efficiency, net_s / net_eff, local_s}) * 1e9;
     cost.round_ns.push_back(ns);
     cost.total_ns += ns;
     cost.max_link_bytes += std::uint64_t(busiest);

@@ -72,6 +72,8 @@ Topology parse_topology(detail::YamlReader t) {
     topo.multi_node = true;
     topo.inter_per_device = inter.number("per_device_bytes_per_s", 1e6, 1e15);
     topo.inter_latency_ns = inter.number("latency_ns", 0, 1e8);
+    if (inter.has("bandwidth_efficiency"))
+      topo.inter_efficiency = inter.number("bandwidth_efficiency", 0.01, 1.0);
     inter.finish();
   }
   t.finish();
@@ -243,6 +245,9 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
     v.push_back(
         {"topology.inter_node.per_device_bytes_per_s", {&t.inter_per_device, Param::plain}});
     v.push_back({"topology.inter_node.latency_ns", {&t.inter_latency_ns, Param::plain}});
+    if (t.inter_efficiency > 0)
+      v.push_back(
+          {"topology.inter_node.bandwidth_efficiency", {&t.inter_efficiency, Param::fraction}});
   }
   for (auto& [name, a] : p.algorithms) {
     v.push_back({"collectives." + name + ".step_latency_ns", {&a.step_latency_ns, Param::plain}});

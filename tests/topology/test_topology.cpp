@@ -45,6 +45,21 @@ TEST(Topology, EveryTransferIsPricedOnTheLinkItCrosses) {
   // Placed 0 and 2 on node 0, 1 and 3 on node 1 (world ranks 0, 2, 1, 3 in group order): every
   // ring pair crosses.
   EXPECT_DOUBLE_EQ(price_plan(ring, *p, DType::f32, {0, 2, 1, 3}).total_ns, 60000);
+  // A profile may give the NICs their own measured efficiency (H100: 0.90 on NCCL's
+  // reduce_scatter across nodes): at 0.5 every round here is NIC-bound and takes twice as long;
+  // on one node nothing changes.
+  std::string text = two_level(2);
+  const std::string at = "latency_ns: 0}}, collectives";
+  ASSERT_NE(text.find(at), std::string::npos);
+  const auto with_efficiency = [&](const std::string& e) {
+    return std::string(text).replace(
+        text.find(at), at.size(), "latency_ns: 0, bandwidth_efficiency: " + e + "}}, collectives");
+  };
+  const auto slow = testing::round_profile(with_efficiency("0.5"));
+  EXPECT_DOUBLE_EQ(price_plan(ring, *slow, DType::f32, {0, 1, 2, 3}).total_ns, 120000);
+  EXPECT_DOUBLE_EQ(price_plan(ring, *slow, DType::f32).total_ns, 6000);
+  expect_error([&] { testing::round_profile(with_efficiency("1.5")); }, Errc::parse_error,
+               {"bandwidth_efficiency", "1.5"});
 }
 
 // R-TO-2: the hierarchical all_reduce of the same call: an intra-node reduce-scatter (each member

@@ -38,6 +38,9 @@ struct Topology {
   bool multi_node = false;      ///< an inter-node network is described
   double inter_per_device = 1;  ///< one device's NIC
   double inter_latency_ns = 0;  ///< one hop between nodes
+  /// The fraction of the NIC's rate a collective's transfers reach; 0: the algorithm's
+  /// bandwidth_efficiency, as on the links inside a node.
+  double inter_efficiency = 0;
   int node_of(int world_rank) const { return world_rank / devices_per_node; }
   /// Bandwidth of the path from world rank a to b (peer link or NIC).
   double path_bandwidth(int a, int b) const {

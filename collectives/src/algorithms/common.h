@@ -1,6 +1,8 @@
 #pragma once
 // Helpers shared by the algorithm builders.
 #include <algorithm>
+#include <map>
+#include <vector>
 
 #include "cocemu/collectives/plan.h"
 #include "cocemu/runtime/error.h"
@@ -30,6 +32,27 @@ inline void check_flat_plan_size(const PlanRequest& req, const char* algorithm) 
                "(every member with every segment); at most {:.3g} are built: use smaller groups "
                "(more tp, cp or pp, less dp) or fewer nodes",
                algorithm, to_string(req.op), req.count, req.n, steps, kMaxFlatPlanSteps);
+}
+
+/// The members of each node the group spans ([node][local index] -> member, nodes in ascending
+/// order, members in group order); one node if the request places none.
+inline std::vector<std::vector<int>> members_by_node(const PlanRequest& req) {
+  std::map<int, std::vector<int>> by_node;
+  for (int m = 0; m < req.n; ++m)
+    by_node[req.nodes.empty() ? 0 : req.nodes[std::size_t(m)]].push_back(m);
+  std::vector<std::vector<int>> local;
+  for (auto& [node, members] : by_node)
+    local.push_back(std::move(members));
+  return local;
+}
+
+/// Where a multi-node all_reduce plan (hierarchical, tree) does not apply: deterministic mode
+/// needs rank-ordered sums, the direct plan (one round, so a large world's host threads
+/// synchronise once); otherwise the ring, as NCCL's other multi-node ops.
+inline Plan multi_node_fallback(const PlanRequest& req) {
+  Plan p = req.deterministic ? build_direct_plan(req) : build_ring_plan(req);
+  p.algorithm = req.deterministic ? Algorithm::direct : Algorithm::ring;
+  return p;
 }
 
 inline Step copy_step(int actor, BufRef src, BufRef dst, std::int64_t count) {

@@ -10,31 +10,17 @@
 // sums in one round) and every op but all_reduce, or a group whose nodes hold different numbers of
 // members, the ring plan instead — each priced on the links it crosses.
 #include <algorithm>
-#include <map>
 
 #include "algorithms/common.h"
 
 namespace cocemu {
 
 Plan build_hierarchical_plan(const PlanRequest& req) {
-  const int n = req.n;
-  std::map<int, std::vector<int>> by_node;  // node -> members in group order
-  for (int m = 0; m < n; ++m)
-    by_node[req.nodes.empty() ? 0 : req.nodes[std::size_t(m)]].push_back(m);
-  const std::size_t L = by_node.begin()->second.size(), N = by_node.size();
-  bool even = true;
-  for (const auto& [node, members] : by_node)
-    even = even && members.size() == L;
-  if (req.op != CollOp::all_reduce || req.deterministic || N < 2 || !even) {
-    // Deterministic mode needs rank-ordered sums: the direct plan (one round, so a large world's
-    // host threads synchronise once); otherwise the ring, as NCCL's other multi-node ops.
-    Plan p = req.deterministic ? build_direct_plan(req) : build_ring_plan(req);
-    p.algorithm = req.deterministic ? Algorithm::direct : Algorithm::ring;
-    return p;
-  }
-  std::vector<std::vector<int>> local;  // [node][local index] -> member
-  for (auto& [node, members] : by_node)
-    local.push_back(members);
+  const std::vector<std::vector<int>> local = algo::members_by_node(req);
+  const std::size_t L = local.front().size(), N = local.size();
+  const bool even = std::ranges::all_of(local, [&](const auto& m) { return m.size() == L; });
+  if (req.op != CollOp::all_reduce || req.deterministic || N < 2 || !even)
+    return algo::multi_node_fallback(req);
   // Large calls are pipelined in chunks, as NCCL pipelines its multi-node all_reduce: round r
   // runs chunk r's reduce-scatter, chunk r−1's inter-node exchange and chunk r−2's all-gather,
   // which use different links (or both directions of the fabric), so a round costs the slowest

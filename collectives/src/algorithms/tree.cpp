@@ -15,26 +15,16 @@
 // The partial sums are not in rank order, so deterministic mode uses the direct plan (rank-ordered
 // sums in one round); every op but all_reduce, and a group on one node, the ring plan — as NCCL,
 // whose tree runs all_reduce only.
-#include <map>
 
 #include "algorithms/common.h"
 
 namespace cocemu {
 
 Plan build_tree_plan(const PlanRequest& req) {
-  const int n = req.n;
-  std::map<int, std::vector<int>> by_node;  // node -> members in group order
-  for (int m = 0; m < n; ++m)
-    by_node[req.nodes.empty() ? 0 : req.nodes[std::size_t(m)]].push_back(m);
-  const int N = int(by_node.size());
-  if (req.op != CollOp::all_reduce || req.deterministic || N < 2) {
-    Plan p = req.deterministic ? build_direct_plan(req) : build_ring_plan(req);
-    p.algorithm = req.deterministic ? Algorithm::direct : Algorithm::ring;
-    return p;
-  }
-  std::vector<std::vector<int>> local;  // [node][local index] -> member
-  for (auto& [node, members] : by_node)
-    local.push_back(members);
+  const std::vector<std::vector<int>> local = algo::members_by_node(req);
+  const int N = int(local.size());
+  if (req.op != CollOp::all_reduce || req.deterministic || N < 2)
+    return algo::multi_node_fallback(req);
   bool intra = false;  // some node has more than its leader
   for (const auto& members : local)
     intra = intra || members.size() > 1;

@@ -66,15 +66,16 @@ struct Case {
 };
 
 TEST(OneActor, RunsEveryRoundOfEveryPlanToTheSameBits) {
-  // 2 nodes of 4: the hierarchical plans apply, and the non-deterministic reduce_scatter and
-  // all_gather rings use 2 channels at count 9000 (at least 4096 elements per channel; the
+  // 2 nodes of 4: the hierarchical and tree plans apply, and the non-deterministic reduce_scatter
+  // and all_gather rings use 2 channels at count 9000 (at least 4096 elements per channel; the
   // all_reduce's reduce-scatter half is the same ring code).
   const int n = 8;
   std::vector<Case> cases;
   for (CollOp op :
        {CollOp::all_reduce, CollOp::reduce_scatter, CollOp::all_gather, CollOp::broadcast,
         CollOp::reduce, CollOp::gather, CollOp::scatter, CollOp::all_to_all})
-    for (Algorithm a : {Algorithm::direct, Algorithm::ring, Algorithm::hierarchical})
+    for (Algorithm a :
+         {Algorithm::direct, Algorithm::ring, Algorithm::hierarchical, Algorithm::tree})
       for (bool det : {true, false})
         cases.push_back({op, a, det});
   int multi_round = 0;

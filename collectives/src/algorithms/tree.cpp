@@ -38,8 +38,7 @@ Plan build_tree_plan(const PlanRequest& req) {
   for (int half = 0; half < 2; ++half) {
     const std::int64_t off = segment_offset(c, 2, half), len = segment_length(c, 2, half);
     if (len == 0) continue;
-    // Tree position i holds node order[i]: the nodes in order for the first tree, mirrored for
-    // the second.
+    // Tree position i is node i in the first tree, node N − 1 − i in the second (mirrored).
     const auto leader = [&](int i) { return local[std::size_t(half == 0 ? i : N - 1 - i)][0]; };
     // Where each position's partial sum is: its input until it has reduced something.
     std::vector<bool> partial(std::size_t(N), intra);

@@ -200,9 +200,9 @@ TEST(Topology, TreeAllReduceUsesTwoMirroredTrees) {
   req = {CollOp::all_reduce, Algorithm::tree, 3, 1000, 0, false, {}};
   req.nodes = {0, 1, 2};
   EXPECT_EQ(build_plan(req).rounds.size(), 4u);
-  // Deterministic mode: the direct plan (rank-ordered sums); other ops and one node: the ring.
+  // Deterministic mode (the ring's rank-ordered chain), other ops and one node: the ring.
   req.deterministic = true;
-  EXPECT_EQ(build_plan(req).algorithm, Algorithm::direct);
+  EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
   req.deterministic = false;
   req.op = CollOp::all_gather;
   EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);

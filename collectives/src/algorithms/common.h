@@ -46,7 +46,7 @@ inline std::vector<std::vector<int>> members_by_node(const PlanRequest& req) {
   return local;
 }
 
-/// Where a multi-node all_reduce plan (hierarchical, tree) does not apply: deterministic mode
+/// Where the hierarchical all_reduce plan does not apply: deterministic mode
 /// needs rank-ordered sums, the direct plan (one round, so a large world's host threads
 /// synchronise once); otherwise the ring, as NCCL's other multi-node ops.
 inline Plan multi_node_fallback(const PlanRequest& req) {

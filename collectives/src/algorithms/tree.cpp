@@ -12,9 +12,10 @@
 // leader's NIC carries about one half each way. The trees are not pipelined in chunks: the
 // profiles pick them for small calls only, where the rounds' latency is what counts; a large call
 // on an explicit `tree` is priced, and runs, as these unpipelined rounds.
-// The partial sums are not in rank order, so deterministic mode uses the direct plan (rank-ordered
-// sums in one round); every op but all_reduce, and a group on one node, the ring plan — as NCCL,
-// whose tree runs all_reduce only.
+// Every other case takes the ring plan, as the profiles' tables gave these small calls before the
+// tree: deterministic mode (the tree's partial sums are not in rank order; the ring's
+// deterministic chain sums in rank order), every op but all_reduce (NCCL's tree runs all_reduce
+// only) and a group on one node.
 
 #include "algorithms/common.h"
 
@@ -23,8 +24,7 @@ namespace cocemu {
 Plan build_tree_plan(const PlanRequest& req) {
   const std::vector<std::vector<int>> local = algo::members_by_node(req);
   const int N = int(local.size());
-  if (req.op != CollOp::all_reduce || req.deterministic || N < 2)
-    return algo::multi_node_fallback(req);
+  if (req.op != CollOp::all_reduce || req.deterministic || N < 2) return build_ring_plan(req);
   bool intra = false;  // some node has more than its leader
   for (const auto& members : local)
     intra = intra || members.size() > 1;

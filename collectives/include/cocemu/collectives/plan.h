@@ -33,8 +33,8 @@ const char* to_string(ReduceOp op);
 /// among the members with the same local index, intra-node all-gather (NCCL's and HCCL's
 /// multi-node all_reduce); tree: for groups spanning nodes, a reduction to each node's first
 /// member, up and down a tree over the nodes, and a copy to the node (NCCL's tree, for small
-/// multi-node all_reduces). Both fall back to the ring for other ops, and to the direct plan
-/// (rank-ordered sums) in deterministic mode.
+/// multi-node all_reduces). Both fall back to the ring for other ops; in deterministic mode the
+/// hierarchical plan falls back to the direct plan, the tree to the ring (both rank-ordered).
 enum class Algorithm : std::uint8_t { automatic, ring, direct, hierarchical, tree };
 const char* to_string(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);

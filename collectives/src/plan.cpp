@@ -143,6 +143,8 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
   cost.link_use.assign(nn, 0);
   std::vector<std::pair<std::uint64_t, double>> pairs;  // (from · n + to, bytes) of a round
   std::vector<double> out(nn), in(nn), net_out(nn), net_in(nn), local(nn);
+  // The NICs reach their own measured fraction of their rate where the profile gives one.
+  const double net_eff = topo.inter_efficiency > 0 ? topo.inter_efficiency : a.bandwidth_efficiency;
   for (const auto& round : plan.rounds) {
     pairs.clear();
     std::fill(out.begin(), out.end(), 0.0);
@@ -197,13 +199,10 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
       busiest = std::max(busiest, out[r] + net_out[r]);
       local_s = std::max(local_s, local[r] / p.memory_bandwidth);
     }
-    // Links and local memory work overlap; the slower one bounds the round. The NICs reach their
-    // own measured fraction of their rate where the profile gives one, else the algorithm's. A
-    // round that crosses nodes pays the network's extra hop latency on top of the step α.
+    // Links and local memory work overlap; the slower one bounds the round (the NICs at net_eff).
+    // A round that crosses nodes pays the network's extra hop latency on top of the step α.
     const double hop_ns =
         crosses ? std::max(0.0, topo.inter_latency_ns - topo.intra_latency_ns) : 0.0;
-    const double net_eff =
-        topo.inter_efficiency > 0 ? topo.inter_efficiency : a.bandwidth_efficiency;
     const double ns = a.step_latency_ns + hop_ns +
                       std::max({link_s / a.bandwidth_efficiency, net_s / net_eff, local_s}) * 1e9;
     cost.round_ns.push_back(ns);

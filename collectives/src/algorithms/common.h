@@ -46,15 +46,6 @@ inline std::vector<std::vector<int>> members_by_node(const PlanRequest& req) {
   return local;
 }
 
-/// Where the hierarchical all_reduce plan does not apply: deterministic mode
-/// needs rank-ordered sums, the direct plan (one round, so a large world's host threads
-/// synchronise once); otherwise the ring, as NCCL's other multi-node ops.
-inline Plan multi_node_fallback(const PlanRequest& req) {
-  Plan p = req.deterministic ? build_direct_plan(req) : build_ring_plan(req);
-  p.algorithm = req.deterministic ? Algorithm::direct : Algorithm::ring;
-  return p;
-}
-
 inline Step copy_step(int actor, BufRef src, BufRef dst, std::int64_t count) {
   return Step{Step::copy, actor, {src}, {dst}, count, false};
 }

@@ -19,8 +19,13 @@ Plan build_hierarchical_plan(const PlanRequest& req) {
   const std::vector<std::vector<int>> local = algo::members_by_node(req);
   const std::size_t L = local.front().size(), N = local.size();
   const bool even = std::ranges::all_of(local, [&](const auto& m) { return m.size() == L; });
-  if (req.op != CollOp::all_reduce || req.deterministic || N < 2 || !even)
-    return algo::multi_node_fallback(req);
+  if (req.op != CollOp::all_reduce || req.deterministic || N < 2 || !even) {
+    // Deterministic mode needs rank-ordered sums: the direct plan (one round, so a large world's
+    // host threads synchronise once); otherwise the ring, as NCCL's other multi-node ops.
+    Plan p = req.deterministic ? build_direct_plan(req) : build_ring_plan(req);
+    p.algorithm = req.deterministic ? Algorithm::direct : Algorithm::ring;
+    return p;
+  }
   // Large calls are pipelined in chunks, as NCCL pipelines its multi-node all_reduce: round r
   // runs chunk r's reduce-scatter, chunk r−1's inter-node exchange and chunk r−2's all-gather,
   // which use different links (or both directions of the fabric), so a round costs the slowest

@@ -25,9 +25,8 @@ Plan build_tree_plan(const PlanRequest& req) {
   const std::vector<std::vector<int>> local = algo::members_by_node(req);
   const int N = int(local.size());
   if (req.op != CollOp::all_reduce || req.deterministic || N < 2) return build_ring_plan(req);
-  bool intra = false;  // some node has more than its leader
-  for (const auto& members : local)
-    intra = intra || members.size() > 1;
+  // Some node has more than its leader.
+  const bool intra = std::ranges::any_of(local, [](const auto& m) { return m.size() > 1; });
   int depth = 0;
   while ((1 << depth) < N)
     ++depth;

@@ -38,19 +38,14 @@ double modeled_collective(const DeviceProfile& p, const std::string& op_name, in
   const std::int64_t count = bytes / std::int64_t(size_of(t));
   // Our count is the per-rank piece for all_gather and reduce_scatter.
   const std::int64_t plan_count = op == CollOp::all_reduce ? count : count / n;
-  std::vector<int> ranks(static_cast<std::size_t>(n)), nodes;
-  bool multi = false;
-  for (int r = 0; r < n; ++r) {
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
     ranks[std::size_t(r)] = r;
-    nodes.push_back(p.topology.node_of(r));
-    multi = multi || nodes.back() != nodes.front();
-  }
   // The libraries' plans are not rank-ordered: price the non-deterministic ones.
   const std::uint64_t per_rank = std::uint64_t(plan_count) * size_of(t);
-  PlanRequest req{op, parse_algorithm(p.auto_algorithm(per_rank, multi)), n, plan_count, 0, false,
-                  {}};
-  req.nodes = nodes;
-  const double ns = price_plan(build_plan(req), p, t, ranks).total_ns;
+  const double ns = model_collective(p, op, ranks, plan_count, t, per_rank, Algorithm::automatic,
+                                     /*deterministic=*/false)
+                        .cost.total_ns;
   const double algbw = double(bytes) / ns;  // bytes per ns = GB/s
   if (!busbw) return algbw;
   return algbw * (op == CollOp::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n);

@@ -286,15 +286,20 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
       return prof.topology.node_of(w) != prof.topology.node_of(g.ranks()[0]);
     });
   const bool multi_node = member.multi_node == 1;
-  sig.algorithm = o.algo == Algorithm::automatic
-                      ? parse_algorithm(prof.auto_algorithm(call.size_bytes, multi_node))
-                      : o.algo;
+  // A table rule names the algorithm; a `cheapest` rule leaves it to pricing the candidates
+  // with the plan (cached with it), and the call then carries the one chosen.
+  sig.algorithm = o.algo;
+  if (o.algo == Algorithm::automatic) {
+    const AlgorithmRule& rule = prof.auto_rule(call.size_bytes, multi_node);
+    if (rule.cheapest.empty()) sig.algorithm = parse_algorithm(rule.algorithm);
+  }
   std::shared_ptr<const detail::CachedPlan> cached;
   if (!call.send_counts.empty()) {  // price from this rank's own view of the exchange
     PlanRequest req{sig.op, sig.algorithm, g.size(), sig.count, sig.root, sig.deterministic, {}};
     req.send_counts.assign(std::size_t(g.size()), call.send_counts);
-    Plan plan = build_plan(req);
-    PlanCost cost = price_plan(plan, prof, sig.dtype, g.ranks());
+    for (int w : g.ranks())
+      req.nodes.push_back(prof.topology.node_of(w));
+    auto [plan, cost] = model_plan(prof, std::move(req), sig.dtype, call.size_bytes, g.ranks());
     auto rounds = round_phases(cost);
     auto text = call_detail(g, plan, sig);
     cached = std::make_shared<const detail::CachedPlan>(detail::CachedPlan{
@@ -318,6 +323,7 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
     }
     cached = slot;
   }
+  if (sig.algorithm == Algorithm::automatic) sig.algorithm = cached->plan.algorithm;
   const PlanCost& cost = cached->cost;
   OpSpec spec;
   spec.name = fmt::format("{}{} {}", to_string(sig.op), o.label, format_bytes(call.size_bytes));

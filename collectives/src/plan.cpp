@@ -1,6 +1,9 @@
 #include "cocemu/collectives/plan.h"
 
 #include <algorithm>
+#include <bit>
+#include <optional>
+#include <utility>
 
 #include "cocemu/runtime/error.h"
 
@@ -99,19 +102,32 @@ ModeledCollective model_collective(const DeviceProfile& p, CollOp op,
                                    const std::vector<int>& world_ranks, std::int64_t count,
                                    DType dtype, std::uint64_t size_bytes, Algorithm algo,
                                    bool deterministic, int root) {
-  std::vector<int> nodes;
-  bool multi_node = false;
-  for (int w : world_ranks) {
-    nodes.push_back(p.topology.node_of(w));
-    multi_node = multi_node || nodes.back() != nodes.front();
-  }
-  if (algo == Algorithm::automatic)
-    algo = parse_algorithm(p.auto_algorithm(size_bytes, multi_node));
   PlanRequest req{op, algo, int(world_ranks.size()), count, root, deterministic, {}};
-  req.nodes = std::move(nodes);
-  ModeledCollective m{build_plan(req), {}};
-  m.cost = price_plan(m.plan, p, dtype, world_ranks);
-  return m;
+  for (int w : world_ranks)
+    req.nodes.push_back(p.topology.node_of(w));
+  return model_plan(p, std::move(req), dtype, size_bytes, world_ranks);
+}
+
+ModeledCollective model_plan(const DeviceProfile& p, PlanRequest req, DType dtype,
+                             std::uint64_t size_bytes, const std::vector<int>& world_ranks) {
+  const auto modeled = [&](Algorithm a) {
+    req.algorithm = a;
+    ModeledCollective m{build_plan(req), {}};
+    m.cost = price_plan(m.plan, p, dtype, world_ranks);
+    return m;
+  };
+  if (req.algorithm != Algorithm::automatic) return modeled(req.algorithm);
+  const bool multi_node = std::ranges::any_of(req.nodes, [&](int n) { return n != req.nodes[0]; });
+  const AlgorithmRule& rule = p.auto_rule(size_bytes, multi_node);
+  if (rule.cheapest.empty()) return modeled(parse_algorithm(rule.algorithm));
+  // A priced choice: every candidate's plan for this call (with its fallbacks: a candidate that
+  // does not apply prices the plan it falls back to), the cheapest kept, ties to the first.
+  std::optional<ModeledCollective> best;
+  for (const std::string& name : rule.cheapest) {
+    ModeledCollective m = modeled(parse_algorithm(name));
+    if (!best || m.cost.total_ns < best->cost.total_ns) best = std::move(m);
+  }
+  return std::move(*best);
 }
 
 PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
@@ -145,6 +161,22 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
   std::vector<double> out(nn), in(nn), net_out(nn), net_in(nn), local(nn);
   // The NICs reach their own measured fraction of their rate where the profile gives one.
   const double net_eff = topo.inter_efficiency > 0 ? topo.inter_efficiency : a.bandwidth_efficiency;
+  // The hierarchical plan writes its inter-node exchange as one round per chunk, but on the wire
+  // the node peers run the profile's inter-node algorithm, whose steps each pay the latency: a
+  // ring, 2·(N − 1) steps, or halving-doubling, 2·⌈log₂ N⌉. The chunks pipeline behind the
+  // first, so the first round that crosses nodes pays those steps and later ones one each.
+  int fill_steps = 1;
+  if (plan.algorithm == Algorithm::hierarchical) {
+    std::vector<int> nodes;
+    for (int w : world_ranks)
+      nodes.push_back(topo.node_of(w));
+    std::ranges::sort(nodes);
+    const int N = int(std::ranges::unique(nodes).begin() - nodes.begin());
+    if (N > 1)
+      fill_steps = a.inter_node == CollectiveAlgorithmCost::InterNode::ring
+                       ? 2 * (N - 1)
+                       : 2 * int(std::bit_width(unsigned(N - 1)));
+  }
   for (const auto& round : plan.rounds) {
     pairs.clear();
     std::fill(out.begin(), out.end(), 0.0);
@@ -203,7 +235,8 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
     // A round that crosses nodes pays the network's extra hop latency on top of the step α.
     const double hop_ns =
         crosses ? std::max(0.0, topo.inter_latency_ns - topo.intra_latency_ns) : 0.0;
-    const double ns = a.step_latency_ns + hop_ns +
+    const int steps = crosses ? std::exchange(fill_steps, 1) : 1;
+    const double ns = steps * (a.step_latency_ns + hop_ns) +
                       std::max({link_s / a.bandwidth_efficiency, net_s / net_eff, local_s}) * 1e9;
     cost.round_ns.push_back(ns);
     cost.total_ns += ns;

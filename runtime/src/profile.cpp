@@ -24,12 +24,12 @@ double DeviceProfile::peak(DType t) const {
   return it->second;
 }
 
-const std::string& DeviceProfile::auto_algorithm(std::uint64_t bytes, bool multi_node) const {
+const AlgorithmRule& DeviceProfile::auto_rule(std::uint64_t bytes, bool multi_node) const {
   const auto& rules =
       multi_node && !auto_rules_multi_node.empty() ? auto_rules_multi_node : auto_rules;
   for (const auto& rule : rules)
-    if (double(bytes) <= rule.max_bytes) return rule.algorithm;
-  return rules.back().algorithm;
+    if (double(bytes) <= rule.max_bytes) return rule;
+  return rules.back();
 }
 
 void DeviceProfile::check_world(int n_ranks) const {
@@ -89,11 +89,27 @@ std::vector<AlgorithmRule> parse_auto_rules(
   for (detail::YamlReader& rule : coll.sequence(key)) {
     AlgorithmRule r;
     r.max_bytes = rule.number("max_bytes", 0, inf);
-    r.algorithm = rule.string("algorithm");
-    COCEMU_CHECK(algorithms.count(r.algorithm), Errc::parse_error,
-                 "{}: collectives.{} algorithm '{}' has no cost entry; allowed: ring, direct, "
-                 "hierarchical and tree (each with its collectives entry)",
-                 rule.where(), key, r.algorithm);
+    const auto known = [&](const std::string& name, const std::string& where) {
+      COCEMU_CHECK(algorithms.count(name), Errc::parse_error,
+                   "{}: collectives.{} algorithm '{}' has no cost entry; allowed: ring, direct, "
+                   "hierarchical and tree (each with its collectives entry)",
+                   where, key, name);
+    };
+    COCEMU_CHECK(rule.has("algorithm") != rule.has("cheapest"), Errc::parse_error,
+                 "{}: a collectives.{} rule names either an `algorithm` or a `cheapest: [...]` "
+                 "list of candidates to price, not {}",
+                 rule.where(), key, rule.has("algorithm") ? "both" : "neither");
+    if (rule.has("algorithm")) {
+      r.algorithm = rule.string("algorithm");
+      known(r.algorithm, rule.where());
+    } else {
+      for (auto& [name, where] : rule.strings("cheapest")) {
+        known(name, where);
+        r.cheapest.push_back(name);
+      }
+      COCEMU_CHECK(!r.cheapest.empty(), Errc::parse_error,
+                   "{}: collectives.{} `cheapest` lists no candidate", rule.where(), key);
+    }
     COCEMU_CHECK(r.max_bytes > previous, Errc::parse_error,
                  "{}: collectives.{} rules must have increasing max_bytes ({} after {})",
                  rule.where(), key, r.max_bytes, previous);
@@ -183,6 +199,14 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
     CollectiveAlgorithmCost c;
     c.step_latency_ns = a.number("step_latency_ns", 0, 1e8);
     c.bandwidth_efficiency = a.number("bandwidth_efficiency", 0.01, 1.0);
+    if (std::string(algo) == "hierarchical" && a.has("inter_node")) {
+      const std::string how = a.string("inter_node");
+      COCEMU_CHECK(how == "ring" || how == "halving_doubling", Errc::parse_error,
+                   "{}: collectives.hierarchical.inter_node '{}'; allowed: ring, halving_doubling",
+                   a.where(), how);
+      c.inter_node = how == "ring" ? CollectiveAlgorithmCost::InterNode::ring
+                                   : CollectiveAlgorithmCost::InterNode::halving_doubling;
+    }
     a.finish();
     p.algorithms[algo] = c;
   }

@@ -40,7 +40,7 @@ TEST(ReviewCollectives, H100Bf16AllReduceHasTheF32BusBandwidth) {
   for (bool det : {true, false}) {
     const auto busbw = [&](DType t) {
       const std::int64_t count = bytes / std::int64_t(size_of(t));
-      const Algorithm a = parse_algorithm(h.auto_algorithm(std::uint64_t(bytes)));
+      const Algorithm a = parse_algorithm(h.auto_rule(std::uint64_t(bytes)).algorithm);
       const double ns =
           price_plan(build_plan({CollOp::all_reduce, a, 8, count, 0, det, {}}), h, t).total_ns;
       return double(bytes) / ns * 2.0 * 7 / 8;  // GB/s

@@ -26,8 +26,8 @@ TEST(Profile, ShippedProfilesLoad) {
     EXPECT_GE(p.contention.compute_slowdown, 1.0);
   }
   const DeviceProfile h = load_named_profile("h100-sxm");
-  EXPECT_EQ(h.auto_algorithm(4096), "direct");
-  EXPECT_EQ(h.auto_algorithm(64 << 20), "ring");
+  EXPECT_EQ(h.auto_rule(4096).algorithm, "direct");
+  EXPECT_EQ(h.auto_rule(64 << 20).algorithm, "ring");
   EXPECT_DOUBLE_EQ(h.peak(DType::bf16), 9.894e14);
 }
 

@@ -87,6 +87,41 @@ TEST(Topology, HierarchicalAllReduceCrossesTheNetworkOnce) {
   EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
 }
 
+// The hierarchical plan's inter-node exchange is one round per chunk, but the node peers run the
+// profile's inter-node algorithm, each of whose steps pays the step latency: over 5 nodes a ring
+// takes 2·4 steps (NCCL), halving-doubling 2·⌈log₂ 5⌉ = 6 (HCCL). Against the same profile with
+// no latency (α = 100 ns): one chunk adds 100 + 8·100 + 100 ns with the ring (the intra-node
+// rounds one step each), 100 + 6·100 + 100 with halving-doubling; with 3 chunks only the first
+// crossing round pays the fill, the two others pipeline behind it at one step each (5 rounds:
+// 1200 and 1000 ns more).
+TEST(Topology, HierarchicalInterNodeStepsFollowTheProfilesAlgorithm) {
+  const std::string base = two_level(2);
+  const std::string at = "hierarchical: {step_latency_ns: 0,";
+  ASSERT_NE(base.find(at), std::string::npos);
+  const auto with = [&](const std::string& how) {
+    return testing::round_profile(std::string(base).replace(
+        base.find(at), at.size(), "hierarchical: {step_latency_ns: 100, inter_node: " + how + ","));
+  };
+  const auto free = testing::round_profile(base), ring = with("ring"),
+             hd = with("halving_doubling");
+  std::vector<int> world(10);
+  for (int r = 0; r < 10; ++r)
+    world[std::size_t(r)] = r;
+  for (const std::int64_t count : {std::int64_t(1000), std::int64_t(3) << 20}) {
+    PlanRequest req{CollOp::all_reduce, Algorithm::hierarchical, 10, count, 0, false, {}};
+    req.nodes = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4};
+    const Plan h = build_plan(req);
+    ASSERT_EQ(h.algorithm, Algorithm::hierarchical);
+    const bool one = count == 1000;
+    ASSERT_EQ(h.rounds.size(), one ? 3u : 5u);
+    const double t0 = price_plan(h, *free, DType::f32, world).total_ns;
+    EXPECT_DOUBLE_EQ(price_plan(h, *ring, DType::f32, world).total_ns - t0, one ? 1000 : 1200);
+    EXPECT_DOUBLE_EQ(price_plan(h, *hd, DType::f32, world).total_ns - t0, one ? 800 : 1000);
+  }
+  expect_error([&] { with("tree"); }, Errc::parse_error,
+               {"inter_node", "'tree'", "ring, halving_doubling"});
+}
+
 // The auto table picks the hierarchical plan for a group that spans nodes, and the run's modeled
 // time is the plan's price; a group inside one node keeps the intra-node table (direct).
 TEST(Topology, AutoChoosesByTopologyAndTheRunPricesThePlan) {
@@ -113,6 +148,46 @@ TEST(Topology, AutoChoosesByTopologyAndTheRunPricesThePlan) {
   EXPECT_NE(seen[1].first.find("algo direct"), std::string::npos) << seen[1].first;
   // Direct on 2 members: each reduces half (reads 2000 B) and writes it to the peer: 4000 ns.
   EXPECT_DOUBLE_EQ(seen[1].second, 4000);
+}
+
+// A `cheapest` rule in a run: every member prices both candidates, the call carries the cheaper
+// (its detail names it, its modeled time is its price) and the sum is exact. 1000 f32 over 2
+// nodes of 2 with free latency: the hierarchical plan's 24000 ns beat the tree, whose leaders
+// carry every byte of their node over the NIC.
+TEST(Topology, RunsTakeThePricedChoice) {
+  std::string text = two_level(2);
+  const std::string rule = "[{max_bytes: .inf, algorithm: hierarchical}]";
+  text.replace(text.find(rule), rule.size(), "[{max_bytes: .inf, cheapest: [tree, hierarchical]}]");
+  WorldOptions wo;
+  wo.profile = testing::round_profile(text);
+  wo.deterministic = false;
+  const double tree = model_collective(*wo.profile, CollOp::all_reduce, {0, 1, 2, 3}, 1000,
+                                       DType::f32, 4000, Algorithm::tree, false)
+                          .cost.total_ns;
+  ASSERT_GT(tree, 24000);
+  std::vector<float> got(4);
+  const RunResult r = run_ranks(
+      4,
+      [&](Rank& rank) {
+        Group world = Group::world(rank);
+        Tensor x = Tensor::zeros({1000}, DType::f32);
+        for (std::int64_t i = 0; i < 1000; ++i)
+          x.data<float>()[i] = float(rank.id() + 1) * float(i % 5);
+        all_reduce(world, x);
+        rank.synchronize();
+        got[std::size_t(rank.id())] = x.data<float>()[999];
+      },
+      wo);
+  for (float v : got)
+    EXPECT_EQ(v, 40.0f);  // (1 + 2 + 3 + 4) · (999 % 5)
+  int calls = 0;
+  for (const OpRecord& op : r.graph.ranks[0].ops)
+    if (op.cls == OpClass::comm) {
+      ++calls;
+      EXPECT_NE(op_detail(op).find("algo hierarchical"), std::string::npos) << op_detail(op);
+      EXPECT_DOUBLE_EQ(op.work_ns, 24000);
+    }
+  EXPECT_EQ(calls, 1);
 }
 
 template <class T>
@@ -211,22 +286,66 @@ TEST(Topology, TreeAllReduceUsesTwoMirroredTrees) {
   EXPECT_EQ(build_plan(req).algorithm, Algorithm::ring);
 }
 
-// The GPU profiles' auto table takes the tree for small multi-node all_reduces, as NCCL's tuner
-// does: 4 KiB over 128 nodes of 8 H100s is 2 + 2·7 rounds, tens of µs (the ring's 2·1023 rounds
-// of step latency took 11.3 ms); larger calls keep the hierarchical plan.
-TEST(Topology, SmallMultiNodeAllReducesTakeTheTree) {
+// The GPU profiles' multi-node table prices the tree and the hierarchical plan (NCCL's ring
+// through the nodes) for each call and keeps the cheaper, as NCCL's tuner picks by its cost
+// model. Over 128 nodes of 8 H100s a 4 KiB all_reduce takes the tree (2 + 2·7 rounds, tens of µs;
+// a ring of 1024 paid 2·1023 steps, 11.3 ms); so does 4 MiB, where the ring's 2·127 inter-node
+// steps still cost more than the tree's unpipelined rounds; 64 MiB takes the hierarchical plan.
+TEST(Topology, MultiNodeAllReducesTakeTheCheaperOfTreeAndRing) {
   const DeviceProfile h100 = load_named_profile("h100-sxm");
   std::vector<int> world(1024);
   for (int r = 0; r < 1024; ++r)
     world[std::size_t(r)] = r;
-  const ModeledCollective small = model_collective(h100, CollOp::all_reduce, world, 1024,
-                                                   DType::f32, 4096, Algorithm::automatic, false);
+  const auto priced = [&](std::int64_t count, Algorithm a) {
+    return model_collective(h100, CollOp::all_reduce, world, count, DType::f32,
+                            std::uint64_t(count) * 4, a, false);
+  };
+  const ModeledCollective small = priced(1024, Algorithm::automatic);
   EXPECT_EQ(small.plan.algorithm, Algorithm::tree);
   EXPECT_EQ(small.plan.rounds.size(), 16u);
   EXPECT_LT(small.cost.total_ns, 200e3);
-  const ModeledCollective large = model_collective(
-      h100, CollOp::all_reduce, world, 1 << 20, DType::f32, 4u << 20, Algorithm::automatic, false);
-  EXPECT_EQ(large.plan.algorithm, Algorithm::hierarchical);
+  for (const auto& [count, expected] :
+       {std::pair{std::int64_t(1) << 20, Algorithm::tree},
+        std::pair{std::int64_t(16) << 20, Algorithm::hierarchical}}) {
+    const ModeledCollective chosen = priced(count, Algorithm::automatic);
+    const double tree = priced(count, Algorithm::tree).cost.total_ns,
+                 ring = priced(count, Algorithm::hierarchical).cost.total_ns;
+    EXPECT_EQ(chosen.plan.algorithm, expected) << count;
+    EXPECT_DOUBLE_EQ(chosen.cost.total_ns, std::min(tree, ring)) << count;
+    EXPECT_NE(tree, ring) << count;
+  }
+  // Deterministic mode: both candidates fall back to rank-ordered plans (the tree to the ring's
+  // chain, the hierarchical plan to the direct one), and the cheaper of those is kept.
+  const auto det = [&](Algorithm a) {
+    return model_collective(h100, CollOp::all_reduce, world, 1024, DType::f32, 4096, a, true);
+  };
+  const ModeledCollective chain = det(Algorithm::tree), direct = det(Algorithm::hierarchical);
+  EXPECT_EQ(chain.plan.algorithm, Algorithm::ring);
+  EXPECT_EQ(direct.plan.algorithm, Algorithm::direct);
+  EXPECT_DOUBLE_EQ(det(Algorithm::automatic).cost.total_ns,
+                   std::min(chain.cost.total_ns, direct.cost.total_ns));
+  // A rule names an algorithm or candidates to price, not both or neither, nor an empty list.
+  const std::string base = two_level(2);
+  const std::string rule = "[{max_bytes: .inf, algorithm: hierarchical}]";
+  ASSERT_NE(base.find(rule), std::string::npos);
+  const auto with_rule = [&](const std::string& r) {
+    return std::string(base).replace(base.find(rule), rule.size(), "[" + r + "]");
+  };
+  EXPECT_NO_THROW(
+      testing::round_profile(with_rule("{max_bytes: .inf, cheapest: [tree, hierarchical]}")));
+  expect_error(
+      [&] {
+        testing::round_profile(
+            with_rule("{max_bytes: .inf, algorithm: tree, cheapest: [tree, hierarchical]}"));
+      },
+      Errc::parse_error, {"either an `algorithm` or a `cheapest", "not both"});
+  expect_error([&] { testing::round_profile(with_rule("{max_bytes: .inf}")); }, Errc::parse_error,
+               {"not neither"});
+  expect_error([&] { testing::round_profile(with_rule("{max_bytes: .inf, cheapest: []}")); },
+               Errc::parse_error, {"lists no candidate"});
+  expect_error(
+      [&] { testing::round_profile(with_rule("{max_bytes: .inf, cheapest: [tree, bogus]}")); },
+      Errc::parse_error, {"'bogus'", "has no cost entry"});
   // A profile's auto table may name the tree only with a cost entry for it: the H100 profile
   // without its `tree:` entry.
   std::ifstream file(config_dir() + "/devices/h100-sxm.yaml");

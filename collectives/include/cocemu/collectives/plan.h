@@ -102,7 +102,8 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& profile, DType dtype,
 
 /// What the emulator charges one collective call on a group placed at `world_ranks` (the
 /// algorithm `algo` — automatic: the profile's table for the size and whether the group spans
-/// nodes —, its plan and its price), without running it. `enqueue` prices every call this way,
+/// nodes, where a `cheapest` rule prices each candidate's plan for this call and keeps the
+/// cheapest —, its plan and its price), without running it. `enqueue` prices every call this way,
 /// so a dry run can price a representative group of a large world without its threads.
 struct ModeledCollective {
   Plan plan;
@@ -116,6 +117,10 @@ ModeledCollective model_collective(const DeviceProfile& profile, CollOp op,
                                    const std::vector<int>& world_ranks, std::int64_t count,
                                    DType dtype, std::uint64_t size_bytes, Algorithm algo,
                                    bool deterministic, int root = 0);
+/// The same for a whole request (its algorithm may be automatic; `nodes` places the members,
+/// `size_bytes` selects the auto rule), e.g. an all_to_all with explicit split sizes.
+ModeledCollective model_plan(const DeviceProfile& profile, PlanRequest request, DType dtype,
+                             std::uint64_t size_bytes, const std::vector<int>& world_ranks);
 
 /// Segment s of `count` elements split into n near-equal parts (the first count % n one longer).
 std::int64_t segment_offset(std::int64_t count, int n, int s);

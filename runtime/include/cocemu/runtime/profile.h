@@ -23,6 +23,10 @@ struct GemmEfficiency {
 struct CollectiveAlgorithmCost {
   double step_latency_ns = 0;         ///< α: fixed cost of one step (one round of the plan)
   double bandwidth_efficiency = 1.0;  ///< fraction of link bandwidth the algorithm achieves
+  /// hierarchical only: how the node peers exchange between nodes, which sets the steps (α) of
+  /// that phase for N nodes: a ring, 2·(N − 1) (NCCL), or recursive halving-doubling,
+  /// 2·⌈log₂ N⌉ (HCCL's H-D_R, and its NHR and NB, which are logarithmic too).
+  enum class InterNode : std::uint8_t { ring, halving_doubling } inter_node = InterNode::ring;
 };
 
 /// The cluster a profile describes: nodes of `devices_per_node` devices; inside a node a full
@@ -52,8 +56,11 @@ struct Topology {
 };
 
 struct AlgorithmRule {
-  double max_bytes = 0;  ///< applies to messages up to this size per rank (inclusive)
-  std::string algorithm;
+  double max_bytes = 0;   ///< applies to messages up to this size per rank (inclusive)
+  std::string algorithm;  ///< the algorithm, or empty for a priced choice
+  /// `cheapest: [...]`: the candidate whose plan prices lowest for the call (as NCCL's tuner
+  /// picks by its cost model), ties to the first listed.
+  std::vector<std::string> cheapest;
 };
 
 struct DeviceProfile {
@@ -92,9 +99,9 @@ struct DeviceProfile {
   DeviceProfile scaled(const std::string& key, double factor) const;
   /// Every key `scaled` accepts for this profile.
   std::vector<std::string> scalable_keys() const;
-  /// The algorithm the auto rule table picks for a message of `bytes` per rank, for a group
-  /// inside one node or spanning nodes.
-  const std::string& auto_algorithm(std::uint64_t bytes, bool multi_node = false) const;
+  /// The auto table's rule for a message of `bytes` per rank, for a group inside one node or
+  /// spanning nodes (collectives' choose_algorithm applies it).
+  const AlgorithmRule& auto_rule(std::uint64_t bytes, bool multi_node = false) const;
   /// Throws a clear error if a world of `n_ranks` needs an inter-node network the profile lacks.
   void check_world(int n_ranks) const;
 };

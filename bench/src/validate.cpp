@@ -102,6 +102,8 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
     l.distributed_optimizer = ll.boolean("distributed_optimizer");
     l.overlap_grad_reduce = ll.boolean("overlap_grad_reduce");
     l.overlap_param_gather = ll.boolean_or("overlap_param_gather", false);
+    l.grad_reduce_in_fp32 = ll.boolean_or("grad_reduce_in_fp32", true);
+    if (ll.has("bucket_mb")) l.bucket_mb = ll.number("bucket_mb", 1e-3, 1e6);
     l.cross_entropy_fusion = ll.boolean_or("cross_entropy_loss_fusion", false);
     const std::string coc = ll.string_or("coc", "serial");
     COCEMU_CHECK(coc == "serial" || coc == "fused", Errc::parse_error,

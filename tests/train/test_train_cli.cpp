@@ -398,5 +398,48 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
   }
 }
 
+// 2021 Megatron's fp16 runs reduced their gradients in fp16 (no --accumulate-allreduce-grads-in-
+// fp32): the step model then moves half the bytes per reduction and keeps 16-bit gradients; the
+// emulated ranks keep f32 gradients, so train() refuses the setting instead of ignoring it.
+TEST(StepModel, SixteenBitGradientReductionMovesHalfTheBytes) {
+  TrainSetup s;
+  s.dry_run = true;
+  s.deterministic = false;
+  s.nodes = 2;
+  s.profile = std::make_shared<const DeviceProfile>(load_named_profile("a100-sxm"));
+  auto& o = s.options;
+  o.model.hidden = 4096;
+  o.model.heads = 32;
+  o.model.kv_heads = 32;
+  o.model.ffn = 16384;
+  o.model.num_layers = 4;
+  o.model.vocab = 32000;
+  o.model.seq = 2048;
+  o.layout.tp = 2;
+  o.layout.dp = 8;
+  o.layout.micro_batch_size = 1;
+  o.layout.global_batch_size = 8;
+  o.layout.overlap_grad_reduce = false;  // every reduction exposed after the backward
+  const auto grads = [](const TrainReport& r) {
+    for (const auto& t : r.memory.terms)
+      if (t.name.find("gradients") != std::string::npos) return t.bytes;
+    return 0.0;
+  };
+  const TrainReport wide = model_step(s);
+  o.layout.grad_reduce_in_fp32 = false;
+  const TrainReport narrow = model_step(s);
+  const double ratio = narrow.exposed_comm_ns.at("DP") / wide.exposed_comm_ns.at("DP");
+  EXPECT_GT(ratio, 0.45);
+  EXPECT_LT(ratio, 0.55);
+  EXPECT_LT(narrow.iteration_ns, wide.iteration_ns);
+  EXPECT_GT(grads(wide), 0);
+  EXPECT_DOUBLE_EQ(grads(narrow), grads(wide) / 2);
+  WorldOptions w;
+  w.profile = s.profile;
+  w.numerics = false;
+  testing::expect_error([&] { layers::train::train(o, w); }, Errc::invalid_argument,
+                        {"grad_reduce_in_fp32 false", "step model only", "bf16"});
+}
+
 }  // namespace
 }  // namespace cocemu::bench

@@ -156,7 +156,7 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
     const int in_flight =
         memo ? memo->peak_chunks_in_flight(l, stage) : peak_chunks_in_flight(l, stage);
     add("parameters", params * e);
-    add("gradients (main_grad)", params * wide);
+    add("gradients (main_grad)", params * (l.grad_reduce_in_fp32 ? wide : e));
     add(l.distributed_optimizer ? "optimizer state (sharded over dp)" : "optimizer state",
         params * 3 * wide / (l.distributed_optimizer ? l.dp : 1));
     const double activations = double(in_flight) * per_chunk * per_layer;

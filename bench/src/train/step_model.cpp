@@ -38,6 +38,7 @@ StepParts emulate_parts(const TrainSetup& setup) {
   // gradients would be reduced over the cp group during the layer's backward and slow it.
   l.overlap_grad_reduce = false;
   l.overlap_param_gather = false;
+  l.grad_reduce_in_fp32 = true;  // the reduction's dtype is priced below
   o.model.num_layers = 1;
   o.iterations = 1;
   o.record_pieces = true;
@@ -350,7 +351,10 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   }
 
   // DP: buckets of each stage, in the order the backward finalizes gradients.
-  const double grad_bytes_each = l.dtype == DType::f64 ? 8 : 4;
+  const DType grad_t = l.dtype == DType::f64                            ? DType::f64
+                       : l.grad_reduce_in_fp32 || l.dtype == DType::f32 ? DType::f32
+                                                                        : l.dtype;
+  const double grad_bytes_each = double(size_of(grad_t));
   const double cap = l.bucket_mb * 1e6 / grad_bytes_each;
   const double vocab_rows = double(layers::train::padded_vocab(o.model.vocab, l.tp)) / l.tp;
   const double h = double(o.model.hidden);
@@ -374,8 +378,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       if (dpc > 1) {
         const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
         const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / dpc : n);
-        const double ns = dp_price(op, count, (l.dtype == DType::f64 ? DType::f64 : DType::f32),
-                                   std::uint64_t(n * grad_bytes_each));
+        const double ns = dp_price(op, count, grad_t, std::uint64_t(n * grad_bytes_each));
         const double start = std::max(ready, dp_free);
         dp_free = contended(start, ns, compute_end, prof.contention);
       }
@@ -426,7 +429,11 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       const double gathered = contended(0, gather_ns, compute_after, prof.contention);
       gather_ns = std::max(gathered, compute_after) - forward;  // exposed below, once
     }
-    const double adam_bytes = owned * (7 * grad_bytes_each + double(size_of(l.dtype)));
+    // Adam reads the gradient and the f32 (f64) master weights and moments, writes those three
+    // back and the weights in their dtype.
+    const double state_bytes = l.dtype == DType::f64 ? 8 : 4;
+    const double adam_bytes =
+        owned * (6 * state_bytes + grad_bytes_each + double(size_of(l.dtype)));
     const double all_params = stage_parameters(o.model, l, s);
     optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(all_params * grad_bytes_each)) +
                                    memory_ns(prof, std::uint64_t(adam_bytes)) + gather_ns;
@@ -435,7 +442,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   // The grad-norm all-reduce joins every stage, then each stage updates.
   const DType norm_t = l.dtype == DType::f64 ? DType::f64 : DType::f32;
   const double norm_ns = memo->price(CollOp::all_reduce, 0, 1, rep.world, 1, norm_t,
-                                     std::uint64_t(grad_bytes_each), det);
+                                     std::uint64_t(size_of(norm_t)), det);
   const double sync = *std::max_element(stage_end.begin(), stage_end.end()) + norm_ns;
   const double iteration = sync + *std::max_element(optimizer_ns.begin(), optimizer_ns.end());
   rep.iteration_ns = std::int64_t(std::llround(iteration));

@@ -47,6 +47,10 @@ struct TrainLayout {
   /// bucket; else bucket_mb of f32 gradients per bucket (Megatron's DDP bucket).
   int bucket_params = 0;
   double bucket_mb = 40.0 * 4;  ///< Megatron's default bucket of 40 M f32 elements
+  /// Gradients accumulated and reduced in f32 (Megatron's --accumulate-allreduce-grads-in-fp32,
+  /// forced with bf16); false: in the 16-bit dtype, as 2021 Megatron's fp16 runs without that flag
+  /// did. Only the step model prices false (the emulated ranks keep f32 gradients).
+  bool grad_reduce_in_fp32 = true;
   /// Explicit layers per stage (pp entries summing to num_layers); empty: an even split.
   std::vector<std::int64_t> stage_layers;
   DType dtype = DType::bf16;

@@ -51,13 +51,14 @@ PlanQuery small_request() {
 // R-PL-1: the space enumerated here, independently of plan's own loops; every valid candidate
 // evaluated; the minimum must be plan's best.
 TEST(Plan, ExhaustiveFindsTheTrueOptimum) {
-  const PlanQuery r = small_request();
+  PlanQuery r = small_request();
+  r.max_vpp = 3;  // virtual sizes need not be powers of two
   std::vector<TrainLayout> space;
   for (int tp : {1, 2, 4, 8})
     for (int cp : {1, 2})
       for (std::string algo : {"megatron_cp_algo", "ulysses_cp_algo"})
         for (int pp : {1, 2, 4, 8})
-          for (int vpp : {1, 2})
+          for (int vpp : {1, 2, 3})
             for (std::int64_t mbs : {1, 2})
               for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
                 for (bool dist : {false, true})
@@ -102,6 +103,24 @@ TEST(Plan, ExhaustiveFindsTheTrueOptimum) {
   for (std::size_t i = 1; i < res.top.size(); ++i)
     EXPECT_LE(res.top[i - 1].report.iteration_ns, res.top[i].report.iteration_ns);
   EXPECT_FALSE(res.explanation.empty());
+}
+
+// Megatron sets the virtual size through layers per virtual stage, so any divisor is a layout
+// (Narayanan et al.'s 76B and Korthikanti et al.'s 175B and 530B ran vpp 3): with 12 layers,
+// pp 2 and vpp 3 (2 layers per chunk) is searched and valid.
+TEST(Plan, VirtualSizesNeedNotBePowersOfTwo) {
+  PlanQuery r = small_request();
+  r.model.num_layers = 12;
+  r.max_vpp = 4;
+  int vpp3 = 0;
+  for (const TrainLayout& l : enumerate_layouts(r))
+    if (l.vpp == 3 && l.pp == 2 && l.tp == 2 && l.cp == 1 && l.micro_batch_size == 1 &&
+        l.recompute == Recompute::none && !l.distributed_optimizer && l.sequence_parallel &&
+        l.micro_batch_interleave == 1) {
+      ++vpp3;
+      EXPECT_EQ(prune_reason(r, l), "") << l.describe();
+    }
+  EXPECT_EQ(vpp3, 1);
 }
 
 // The same answer on one thread and on two (the memo is shared; results do not depend on which

@@ -174,7 +174,9 @@ std::vector<TrainLayout> enumerate_layouts(const PlanQuery& r) {
         for (int pp = 1; pp <= rest; ++pp) {
           if (rest % pp != 0 || pp > m.num_layers) continue;
           const int dp = rest / pp;
-          for (const int vpp : powers_of_two_up_to(r.max_vpp)) {
+          // Every virtual size up to the limit, as Megatron's layers per virtual stage allow
+          // (Narayanan et al.'s 76B and Korthikanti et al.'s 175B and 530B ran vpp 3).
+          for (int vpp = 1; vpp <= r.max_vpp; ++vpp) {
             if (vpp > 1 && pp < 2) continue;
             for (const std::int64_t mbs : r.micro_batch_sizes)
               for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
@@ -347,6 +349,9 @@ std::optional<PlanCandidate> heuristic_search(const PlanQuery& r, Evaluator& ev,
       l = c;
       l.vpp = f > 0 ? c.vpp * 2 : c.vpp / 2;
       add(l);
+      l = c;
+      l.vpp = c.vpp + f / 2;  // and the neighbouring sizes, which need not be powers of two
+      if (l.vpp != c.vpp * 2 && l.vpp != c.vpp / 2) add(l);
       l = c;
       l.micro_batch_size = f > 0 ? c.micro_batch_size * 2 : c.micro_batch_size / 2;
       add(l);

@@ -127,10 +127,19 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
   // FLOPs with full recompute, 96·B·s·l·h²·(1 + s/6h + V/16lh), converted to model FLOPs
   // 72·B·s·l·h²·(1 + s/6h + V/12lh) — the formula model_flops_per_iteration uses.
   const std::string flops = e.string("flops");
-  COCEMU_CHECK(flops == "model" || flops == "hardware_full_recompute", Errc::parse_error,
-               "{}: flops '{}'; allowed model, hardware_full_recompute", e.where(), flops);
+  COCEMU_CHECK(
+      flops == "model" || flops == "hardware_full_recompute" || flops == "iteration_seconds",
+      Errc::parse_error,
+      "{}: flops '{}'; allowed model, hardware_full_recompute, iteration_seconds", e.where(),
+      flops);
   r.published_as_stated = r.published;
-  if (flops == "hardware_full_recompute") {
+  if (flops == "iteration_seconds") {
+    // A published iteration time: the model FLOPs of one iteration over it, per device.
+    const double work = model_flops_per_iteration(m, l);
+    r.published = work / gpus / r.published_as_stated / 1e12;
+    r.conversion = fmt::format("s per iteration: {:.4g} model FLOPs / {} devices / {} s", work,
+                               gpus, r.published_as_stated);
+  } else if (flops == "hardware_full_recompute") {
     const double s = double(m.seq), h = double(m.hidden), L = double(m.num_layers),
                  V = double(m.vocab);
     const double factor =
@@ -301,7 +310,7 @@ std::string format_validation(const Validation& v) {
         train_rows, train_sum / train_rows, train_max);
     for (std::size_t i = 0; i < v.rows.size(); ++i)
       if (v.rows[i].training && v.rows[i].published_as_stated != v.rows[i].published)
-        out += fmt::format("  [{}] published {:.1f}: {}\n", i + 1, v.rows[i].published_as_stated,
+        out += fmt::format("  [{}] published {:.4g}: {}\n", i + 1, v.rows[i].published_as_stated,
                            v.rows[i].conversion);
     // The modeled iterations, and the published figure as an iteration time: the gap between
     // the two is what a row's delta says in milliseconds.

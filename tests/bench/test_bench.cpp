@@ -304,18 +304,18 @@ TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
 // R-PL-4: published training runs, each cited, its figure converted to model FLOPs when the
 // source counts recompute, modeled by the step model with NCCL's algorithms. The target
 // is 15% each and 10% on average; the model does not reach it (README: every run but one
-// models faster than published: 5 of 19 within 15%, mean 22.5%, worst +46.2%). What it reaches
+// models faster than published: 3 of 27 within 15%, mean 25.7%, worst +46.2%). What it reaches
 // today is asserted as a regression bound, so a change that makes it worse fails. Each row reports
 // its modeled iteration and exposed communication, which must add up.
 TEST(Validate, PublishedTrainingRuns) {
   const Validation v = validate_shipped();
-  int rows = 0, converted = 0, within = 0;
+  int rows = 0, converted = 0, timed = 0, within = 0;
   double sum = 0;
   for (const Reference& r : v.rows) {
     if (!r.training) continue;
     ++rows;
     EXPECT_NE(r.source.find("http"), std::string::npos) << r.name;
-    EXPECT_GT(r.nodes, 1) << r.name;
+    EXPECT_GE(r.nodes, 1) << r.name;
     EXPECT_GT(r.modeled, 0) << r.name;
     EXPECT_GT(r.iteration_ms, 0) << r.name;
     double exposed = 0;
@@ -325,23 +325,33 @@ TEST(Validate, PublishedTrainingRuns) {
     EXPECT_NE(format_validation(v).find(fmt::format("modeled {:.1f} ms", r.iteration_ms)),
               std::string::npos)
         << r.name;
-    if (r.published != r.published_as_stated) {
+    if (r.conversion.starts_with("hardware FLOPs")) {
       ++converted;
       // 72(1 + s/6h + V/12lh) / 96(1 + s/6h + V/16lh) is a little over 3/4.
       EXPECT_GT(r.published / r.published_as_stated, 0.75) << r.name;
       EXPECT_LT(r.published / r.published_as_stated, 0.77) << r.name;
+    } else if (r.conversion.starts_with("s per iteration")) {
+      ++timed;
+      // Korthikanti et al.'s 22B run with sequence parallelism and selective recompute: 4
+      // sequences of 2048 through 48 layers of h = 6144 (vocabulary 51200) on 8 GPUs in 1.10 s,
+      // 72·4·2048·48·6144²·(1 + 2048/36864 + 51200/(12·48·6144)) = 1.1436e15 model FLOPs:
+      // 129.95 TFLOP/s per GPU, the README's 41.5% MFU of 312.
+      if (r.name.find("22B") != std::string::npos && r.name.find("selective") != std::string::npos)
+        EXPECT_NEAR(r.published, 129.95, 0.01) << r.name;
     }
     sum += std::fabs(r.delta_pct);
     within += std::fabs(r.delta_pct) <= 15.0;
     EXPECT_LE(std::fabs(r.delta_pct), 47.0) << r.name;
   }
-  EXPECT_GE(rows, 19);  // both tables whole: 9 H100 rows, 10 A100 rows
+  EXPECT_GE(rows, 27);  // both tables whole (9 H100 rows, 10 A100 rows), Korthikanti's 8 runs
   EXPECT_GE(converted, 10);
+  EXPECT_GE(timed, 8);
   // Regression guards, not the R-PL-4 target (15% each, 10% mean), which is not met. Since the
   // A100 rows take the settings of the paper's own launch script (micro-batches of 16..1, fp16
-  // gradient reduction, PyTorch DDP's overlap) they model 26-35% faster: 3 of 19 within 15%.
+  // gradient reduction, PyTorch DDP's overlap) they model 26-35% faster, and Korthikanti et
+  // al.'s fully stated A100 runs 16-29% faster: 3 of 27 within 15%, mean 25.7%.
   EXPECT_GE(within, 3);
-  EXPECT_LE(sum / rows, 27.0);
+  EXPECT_LE(sum / rows, 26.5);
   // A training reference with an unknown layout key is an error with file:line.
   testing::expect_error(
       [] {

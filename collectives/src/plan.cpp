@@ -170,8 +170,8 @@ PlanCost price_plan(const Plan& plan, const DeviceProfile& p, DType dtype,
     std::vector<int> nodes;
     for (int w : world_ranks)
       nodes.push_back(topo.node_of(w));
-    std::ranges::sort(nodes);
-    const int N = int(std::ranges::unique(nodes).begin() - nodes.begin());
+    std::sort(nodes.begin(), nodes.end());
+    const int N = int(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
     if (N > 1)
       fill_steps = a.inter_node == CollectiveAlgorithmCost::InterNode::ring
                        ? 2 * (N - 1)

@@ -100,7 +100,7 @@ struct DeviceProfile {
   /// Every key `scaled` accepts for this profile.
   std::vector<std::string> scalable_keys() const;
   /// The auto table's rule for a message of `bytes` per rank, for a group inside one node or
-  /// spanning nodes (collectives' choose_algorithm applies it).
+  /// spanning nodes (collectives' model_plan applies it).
   const AlgorithmRule& auto_rule(std::uint64_t bytes, bool multi_node = false) const;
   /// Throws a clear error if a world of `n_ranks` needs an inter-node network the profile lacks.
   void check_world(int n_ranks) const;

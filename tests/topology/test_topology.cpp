@@ -32,6 +32,21 @@ std::string two_level(int per_node, double intra = 1e9, double inter = 1e8,
       per_node, intra, 64 * intra, inter, more);
 }
 
+/// `text` with its occurrence of `from` replaced by `to`: a variant of a profile text (a
+/// missing `from` fails the test).
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+/// two_level's multi-node table with `rule` instead of its hierarchical rule.
+std::string two_level_with_rule(int per_node, const std::string& rule) {
+  return replaced(two_level(per_node), "[{max_bytes: .inf, algorithm: hierarchical}]",
+                  "[" + rule + "]");
+}
+
 // R-TO-1: a transfer inside a node runs on a peer link, one between nodes on the NICs. A ring
 // all_reduce (non-deterministic: reduce-scatter then all-gather, 6 rounds) of c = 1000 f32 on
 // 4 ranks, 2 per node: every round each member sends c/4 elements = 1000 B to its successor; the
@@ -48,12 +63,9 @@ TEST(Topology, EveryTransferIsPricedOnTheLinkItCrosses) {
   // A profile may give the NICs their own measured efficiency (H100: 0.90 on NCCL's
   // reduce_scatter across nodes): at 0.5 every round here is NIC-bound and takes twice as long;
   // on one node nothing changes.
-  std::string text = two_level(2);
-  const std::string at = "latency_ns: 0}}, collectives";
-  ASSERT_NE(text.find(at), std::string::npos);
-  const auto with_efficiency = [&](const std::string& e) {
-    return std::string(text).replace(
-        text.find(at), at.size(), "latency_ns: 0, bandwidth_efficiency: " + e + "}}, collectives");
+  const auto with_efficiency = [](const std::string& e) {
+    return replaced(two_level(2), "latency_ns: 0}}, collectives",
+                    "latency_ns: 0, bandwidth_efficiency: " + e + "}}, collectives");
   };
   const auto slow = testing::round_profile(with_efficiency("0.5"));
   EXPECT_DOUBLE_EQ(price_plan(ring, *slow, DType::f32, {0, 1, 2, 3}).total_ns, 120000);
@@ -96,11 +108,10 @@ TEST(Topology, HierarchicalAllReduceCrossesTheNetworkOnce) {
 // 1200 and 1000 ns more).
 TEST(Topology, HierarchicalInterNodeStepsFollowTheProfilesAlgorithm) {
   const std::string base = two_level(2);
-  const std::string at = "hierarchical: {step_latency_ns: 0,";
-  ASSERT_NE(base.find(at), std::string::npos);
   const auto with = [&](const std::string& how) {
-    return testing::round_profile(std::string(base).replace(
-        base.find(at), at.size(), "hierarchical: {step_latency_ns: 100, inter_node: " + how + ","));
+    return testing::round_profile(
+        replaced(base, "hierarchical: {step_latency_ns: 0,",
+                 "hierarchical: {step_latency_ns: 100, inter_node: " + how + ","));
   };
   const auto free = testing::round_profile(base), ring = with("ring"),
              hd = with("halving_doubling");
@@ -155,11 +166,9 @@ TEST(Topology, AutoChoosesByTopologyAndTheRunPricesThePlan) {
 // nodes of 2 with free latency: the hierarchical plan's 24000 ns beat the tree, whose leaders
 // carry every byte of their node over the NIC.
 TEST(Topology, RunsTakeThePricedChoice) {
-  std::string text = two_level(2);
-  const std::string rule = "[{max_bytes: .inf, algorithm: hierarchical}]";
-  text.replace(text.find(rule), rule.size(), "[{max_bytes: .inf, cheapest: [tree, hierarchical]}]");
   WorldOptions wo;
-  wo.profile = testing::round_profile(text);
+  wo.profile = testing::round_profile(
+      two_level_with_rule(2, "{max_bytes: .inf, cheapest: [tree, hierarchical]}"));
   wo.deterministic = false;
   const double tree = model_collective(*wo.profile, CollOp::all_reduce, {0, 1, 2, 3}, 1000,
                                        DType::f32, 4000, Algorithm::tree, false)
@@ -325,12 +334,7 @@ TEST(Topology, MultiNodeAllReducesTakeTheCheaperOfTreeAndRing) {
   EXPECT_DOUBLE_EQ(det(Algorithm::automatic).cost.total_ns,
                    std::min(chain.cost.total_ns, direct.cost.total_ns));
   // A rule names an algorithm or candidates to price, not both or neither, nor an empty list.
-  const std::string base = two_level(2);
-  const std::string rule = "[{max_bytes: .inf, algorithm: hierarchical}]";
-  ASSERT_NE(base.find(rule), std::string::npos);
-  const auto with_rule = [&](const std::string& r) {
-    return std::string(base).replace(base.find(rule), rule.size(), "[" + r + "]");
-  };
+  const auto with_rule = [](const std::string& r) { return two_level_with_rule(2, r); };
   EXPECT_NO_THROW(
       testing::round_profile(with_rule("{max_bytes: .inf, cheapest: [tree, hierarchical]}")));
   expect_error(

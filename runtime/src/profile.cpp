@@ -124,9 +124,92 @@ std::vector<AlgorithmRule> parse_auto_rules(
 
 }  // namespace
 
-DeviceProfile parse_device_profile(const std::string& text, const std::string& origin) {
+namespace {
+
+constexpr int kMaxBaseDepth = 4;
+
+/// A profile file's text: a regular file of at most 4 MiB (not a directory, nor a device or a
+/// file of /proc, whose reads may never end: those report size 0 and are read as empty).
+std::string read_profile_file(const std::string& path) {
+  std::error_code ec;
+  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
+                   "device profile", path);
+  COCEMU_CHECK_ARG(std::filesystem::exists(path, ec), "cannot open device profile '{}'", path);
+  COCEMU_CHECK_ARG(std::filesystem::is_regular_file(path, ec),
+                   "device profile '{}' is not a regular file", path);
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  COCEMU_CHECK_ARG(!ec && size <= (std::uintmax_t(4) << 20),
+                   "device profile '{}': {} bytes; profiles are at most 4 MiB", path,
+                   ec ? 0 : size);
+  if (size == 0) return "";
+  std::ifstream in(path);
+  COCEMU_CHECK_ARG(in.good(), "cannot open device profile '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Where a name or path of a profile lives: a name is configs/devices/<name>.yaml; a path (with a
+/// '/' or ending in .yaml) is taken as given, or for a base, relative to the deriving file.
+std::string profile_path(const std::string& name_or_path, const std::string& relative_to = "") {
+  const bool path =
+      name_or_path.find('/') != std::string::npos ||
+      (name_or_path.size() > 5 && name_or_path.compare(name_or_path.size() - 5, 5, ".yaml") == 0);
+  if (!path) return config_dir() + "/devices/" + name_or_path + ".yaml";
+  if (relative_to.empty() || std::filesystem::path(name_or_path).is_absolute()) return name_or_path;
+  return (std::filesystem::path(relative_to).parent_path() / name_or_path).string();
+}
+
+/// The base's tree with the deriving file's over it: mappings merge key by key (recursively);
+/// anything else the deriving file gives (a number, a string, a list) replaces the base's.
+YAML::Node overlay(const YAML::Node& base, const YAML::Node& top) {
+  if (!base.IsMap() || !top.IsMap()) return top;
+  YAML::Node out(YAML::NodeType::Map);
+  for (const auto& kv : base) {
+    const std::string key = kv.first.Scalar();
+    const YAML::Node mine = top[key];
+    out[key] = mine ? overlay(kv.second, mine) : kv.second;
+  }
+  for (const auto& kv : top)
+    if (!base[kv.first.Scalar()]) out[kv.first.Scalar()] = kv.second;
+  return out;
+}
+
+DeviceProfile parse_profile(const std::string& text, const std::string& origin, int depth);
+
+/// The profile's tree with its `base` profile's (and that one's base's) under it. The base must
+/// be a whole profile on its own: it is parsed first, so its errors name its own file and line.
+YAML::Node with_base(detail::YamlReader& top, const std::string& origin, int depth) {
+  if (!top.has("base")) return top.node();
+  const std::string base = top.string("base");
+  COCEMU_CHECK(depth < kMaxBaseDepth, Errc::parse_error,
+               "{}: base '{}': profiles derive from one another more than {} deep (a cycle?)",
+               top.where(top.node()["base"]), base, kMaxBaseDepth);
+  const std::string path = profile_path(base, origin);
+  std::string text;
+  try {
+    text = read_profile_file(path);
+  } catch (const Error& e) {
+    COCEMU_FAIL(Errc::parse_error, "{}: base '{}': {}", top.where(top.node()["base"]), base,
+                e.what());
+  }
+  (void)parse_profile(text, path, depth + 1);
+  detail::YamlReader b = detail::YamlReader::parse(text, path);
+  YAML::Node merged = overlay(with_base(b, path, depth + 1), top.node());
+  merged.remove("base");
+  return merged;
+}
+
+DeviceProfile parse_profile(const std::string& text, const std::string& origin, int depth) {
   using detail::YamlReader;
   YamlReader top = YamlReader::parse(text, origin);
+  if (top.has("base")) {
+    COCEMU_CHECK(top.has("name"), Errc::parse_error,
+                 "{}: a profile with a base must give its own 'name' (it would take the base's)",
+                 top.where());
+    const std::string base = top.node()["base"].IsScalar() ? top.node()["base"].Scalar() : "";
+    top = YamlReader(with_base(top, origin, depth), origin + " (over " + base + ")", "");
+  }
   DeviceProfile p;
   p.source = origin;
   p.name = top.string("name");
@@ -237,6 +320,12 @@ DeviceProfile parse_device_profile(const std::string& text, const std::string& o
   return p;
 }
 
+}  // namespace
+
+DeviceProfile parse_device_profile(const std::string& text, const std::string& origin) {
+  return parse_profile(text, origin, 0);
+}
+
 namespace {
 /// The parameter behind a dotted key, and how it scales.
 struct Param {
@@ -323,16 +412,7 @@ DeviceProfile DeviceProfile::scaled(const std::string& key, double factor) const
 }
 
 DeviceProfile load_device_profile(const std::string& path) {
-  {
-    std::error_code ec;
-    COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
-                     "device profile", path);
-  }
-  std::ifstream in(path);
-  COCEMU_CHECK_ARG(in.good(), "cannot open device profile '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_device_profile(ss.str(), path);
+  return parse_device_profile(read_profile_file(path), path);
 }
 
 std::string config_dir() {
@@ -341,10 +421,7 @@ std::string config_dir() {
 }
 
 DeviceProfile load_named_profile(const std::string& name) {
-  if (name.find('/') != std::string::npos ||
-      (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0))
-    return load_device_profile(name);
-  return load_device_profile(config_dir() + "/devices/" + name + ".yaml");
+  return load_device_profile(profile_path(name));
 }
 
 }  // namespace cocemu

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "cocemu/runtime/cost_model.h"
@@ -15,7 +16,7 @@ using testing::expect_error;
 using testing::round_profile_yaml;
 
 TEST(Profile, ShippedProfilesLoad) {
-  for (const char* name : {"ascend-910b", "h100-sxm"}) {
+  for (const char* name : {"ascend-910b", "h100-sxm", "a100-sxm", "a100-sxm-cuda11"}) {
     const DeviceProfile p = load_named_profile(name);
     EXPECT_EQ(p.name, name);
     EXPECT_EQ(p.topology.devices_per_node, 8);
@@ -33,7 +34,7 @@ TEST(Profile, ShippedProfilesLoad) {
 
 TEST(Profile, EverySourcedNumberHasAComment) {
   // Each numeric key of the shipped profiles is preceded (within its block) by a comment line.
-  for (const char* name : {"ascend-910b", "h100-sxm"}) {
+  for (const char* name : {"ascend-910b", "h100-sxm", "a100-sxm", "a100-sxm-cuda11"}) {
     std::ifstream in(config_dir() + "/devices/" + name + ".yaml");
     std::string line;
     int comments = 0, numbers = 0;
@@ -96,6 +97,69 @@ TEST(Profile, OutOfRangeAndMalformedValuesAreErrors) {
       Errc::parse_error, {"b.yaml", "max_bytes .inf"});
   expect_error([] { load_device_profile("/nonexistent/profile.yaml"); }, Errc::invalid_argument,
                {"/nonexistent/profile.yaml"});
+}
+
+// A profile with `base:` is its base with the derived file's keys over it: mappings merge key by
+// key, anything else replaces the base's.
+TEST(Profile, DerivedProfileIsItsBaseWithItsOwnKeysOver) {
+  const DeviceProfile base = load_named_profile("a100-sxm");
+  const DeviceProfile cuda11 = load_named_profile("a100-sxm-cuda11");
+  EXPECT_EQ(cuda11.name, "a100-sxm-cuda11");
+  EXPECT_DOUBLE_EQ(cuda11.gemm.max_efficiency, 0.651);
+  EXPECT_NE(base.gemm.max_efficiency, cuda11.gemm.max_efficiency);
+  // Everything else is the base's, siblings of the overridden key included.
+  EXPECT_EQ(cuda11.gemm.half_efficiency_flops, base.gemm.half_efficiency_flops);
+  EXPECT_EQ(cuda11.attention_efficiency, base.attention_efficiency);
+  EXPECT_EQ(cuda11.peak(DType::bf16), base.peak(DType::bf16));
+  EXPECT_EQ(cuda11.memory_bandwidth, base.memory_bandwidth);
+  EXPECT_EQ(cuda11.topology.inter_per_device, base.topology.inter_per_device);
+  EXPECT_EQ(cuda11.algorithms.at("ring").bandwidth_efficiency,
+            base.algorithms.at("ring").bandwidth_efficiency);
+  EXPECT_EQ(cuda11.auto_rules_multi_node.size(), base.auto_rules_multi_node.size());
+  EXPECT_EQ(cuda11.assumptions, base.assumptions);
+
+  const std::string dir = ::testing::TempDir() + "/cocemu_profile_base";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  // A nested number merges into its mapping; a list (the auto table) replaces the base's. A path
+  // base is relative to the deriving file.
+  write("base.yaml", round_profile_yaml());
+  const DeviceProfile plain = load_device_profile(dir + "/base.yaml");
+  const DeviceProfile d = load_device_profile(
+      write("derived.yaml",
+            "name: derived\nbase: base.yaml\ncollectives:\n  ring: {step_latency_ns: 777}\n"
+            "  auto: [{max_bytes: .inf, algorithm: direct}]\n"));
+  EXPECT_EQ(d.name, "derived");
+  EXPECT_EQ(d.algorithms.at("ring").step_latency_ns, 777);
+  EXPECT_EQ(d.algorithms.at("ring").bandwidth_efficiency,
+            plain.algorithms.at("ring").bandwidth_efficiency);
+  ASSERT_EQ(d.auto_rules.size(), 1u);
+  EXPECT_EQ(d.auto_rules[0].algorithm, "direct");
+  EXPECT_EQ(d.memory_bandwidth, plain.memory_bandwidth);
+
+  // What is wrong with a base is an error naming the deriving file's line and the base.
+  expect_error([&] { load_device_profile(write("lost.yaml", "name: lost\nbase: no-such\n")); },
+               Errc::parse_error, {"lost.yaml:2", "base 'no-such'", "no-such.yaml"});
+  write("a.yaml", "name: a\nbase: b.yaml\n");
+  write("b.yaml", "name: b\nbase: a.yaml\n");
+  expect_error([&] { load_device_profile(dir + "/a.yaml"); }, Errc::parse_error,
+               {".yaml:2: base '", "more than 4 deep", "cycle"});
+  expect_error([&] { load_device_profile(write("anon.yaml", "base: base.yaml\n")); },
+               Errc::parse_error, {"anon.yaml", "its own 'name'"});
+  expect_error([&] { load_device_profile(write("zero.yaml", "name: z\nbase: /dev/zero\n")); },
+               Errc::parse_error, {"zero.yaml:2", "/dev/zero", "not a regular file"});
+  // The derived file's own keys are checked like any profile's, naming its file.
+  expect_error(
+      [&] {
+        load_device_profile(
+            write("typo.yaml", "name: t\nbase: base.yaml\nmemory: {bandwith_bytes_per_s: 1}\n"));
+      },
+      Errc::parse_error, {"typo.yaml", "memory.bandwith_bytes_per_s"});
+  expect_error([&] { load_device_profile("/dev/zero"); }, Errc::invalid_argument,
+               {"/dev/zero", "not a regular file"});
 }
 
 TEST(CostModel, GemmEfficiencyFallsForSmallAndUnalignedShapes) {

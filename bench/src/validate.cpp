@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cocemu/bench/plan/part_model.h"
 #include "cocemu/bench/plan/plan.h"
 #include "cocemu/bench/train/step_model.h"
 #include "cocemu/collectives/plan.h"
@@ -51,12 +52,10 @@ double modeled_collective(const DeviceProfile& p, const std::string& op_name, in
   return algbw * (op == CollOp::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n);
 }
 
-/// A published training run (kind: training): the model, the layout as published (and the
-/// settings the source leaves open, marked `assumption` in the file), modeled by `cocemu train`'s
-/// step model. Returns the setup; `r` gets the modeled model-TFLOP/s per device and the published
-/// figure converted to model FLOPs.
-std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Reference& r,
-                                                   const DeviceProfile& profile) {
+/// A published run's model, GPU count and layout as published (and the settings the source
+/// leaves open, marked `assumption` in the file), set up as `cocemu train --dry-run` sets it up.
+std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
+                                            const DeviceProfile& profile) {
   auto setup = std::make_shared<TrainSetup>();
   setup->profile = std::make_shared<const DeviceProfile>(profile);
   setup->dry_run = true;
@@ -123,6 +122,18 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
   setup->nodes = gpus / per_node;
   r.nodes = setup->nodes;
   (void)layers::train::check_layout(m, l, gpus);
+  return setup;
+}
+
+/// A published training run (kind: training), modeled by `cocemu train`'s step model. Returns
+/// the setup; `r` gets the modeled model-TFLOP/s per device and the published figure converted
+/// to model FLOPs.
+std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Reference& r,
+                                                   const DeviceProfile& profile) {
+  const std::shared_ptr<TrainSetup> setup = published_setup(e, r, profile);
+  const auto& m = setup->options.model;
+  const auto& l = setup->options.layout;
+  const int gpus = l.tp * l.cp * l.pp * l.dp;
   // What the source's figure counts: model FLOPs (no recompute), or Narayanan et al.'s hardware
   // FLOPs with full recompute, 96·B·s·l·h²·(1 + s/6h + V/16lh), converted to model FLOPs
   // 72·B·s·l·h²·(1 + s/6h + V/12lh) — the formula model_flops_per_iteration uses.
@@ -247,9 +258,20 @@ Validation validate(const std::string& text, const std::string& origin) {
           double(bytes) / memory_ns(p, std::uint64_t(2 * bytes)) * (counted == "moved" ? 2.0 : 1.0);
     } else if (r.kind == "training") {
       r.training = modeled_training(e, r, p);
+    } else if (r.kind == "layer") {
+      // One transformer layer's forward or backward (with what the layout recomputes in it) on
+      // one device for one micro-batch, as the step model prices it (price_parts).
+      const std::string pass = e.string("pass");
+      COCEMU_CHECK(pass == "forward" || pass == "backward", Errc::parse_error,
+                   "{}: pass '{}'; allowed forward, backward", e.where(), pass);
+      const std::shared_ptr<TrainSetup> setup = published_setup(e, r, p);
+      const StepParts parts = price_parts(*setup);
+      r.unit = "ms";
+      r.modeled = (pass == "forward" ? parts.layer_fwd.ns : parts.layer_bwd.ns) / 1e6;
     } else {
       COCEMU_FAIL(Errc::parse_error,
-                  "{}: kind '{}' unknown; allowed collective, gemm, attention, memory, training",
+                  "{}: kind '{}' unknown; allowed collective, gemm, attention, memory, training, "
+                  "layer",
                   e.where(), r.kind);
     }
     e.finish();

@@ -28,7 +28,7 @@ struct TrainOpts {
                gbs = 0, bucket_params = 0;
   double bucket_mb = 0;
   bool sp = false, no_sp = false, dist_opt = false, nondeterministic = false,
-       overlap_param_gather = false, ce_fusion = false;
+       overlap_param_gather = false, ce_fusion = false, pp_scatter_gather = false;
 };
 
 /// The largest world the emulator runs rank by rank; larger ones go to the step model.
@@ -128,6 +128,9 @@ void add_train(CLI::App& app) {
   sub->add_flag("--cross-entropy-loss-fusion", o->ce_fusion,
                 "the loss as Megatron's jit-fused cross-entropy kernels (fewer passes over the "
                 "logits, one all_reduce for the target logits and exp-sums); same numerics");
+  sub->add_flag("--scatter-gather-tensors-in-pipeline", o->pp_scatter_gather,
+                "Megatron 2021-2022: without SP, each TP rank sends its 1/tp slice of a pipeline "
+                "tensor and the receiving stage all-gathers them over TP; same numerics");
   sub->add_option("--recompute-granularity", o->recompute_granularity, "full or selective");
   sub->add_flag("--sequence-parallel", o->sp, "sequence parallelism (default with tp > 1)");
   sub->add_flag("--no-sequence-parallel", o->no_sp, "no sequence parallelism");
@@ -181,6 +184,8 @@ void add_train(CLI::App& app) {
     if (o->dist_opt) f.distributed_optimizer.set(true, "--use-distributed-optimizer");
     if (o->overlap_param_gather) f.overlap_param_gather.set(true, "--overlap-param-gather");
     if (o->ce_fusion) f.cross_entropy_loss_fusion.set(true, "--cross-entropy-loss-fusion");
+    if (o->pp_scatter_gather)
+      f.scatter_gather_tensors_in_pipeline.set(true, "--scatter-gather-tensors-in-pipeline");
     if (given("--recompute-granularity"))
       f.recompute.set(o->recompute_granularity, "--recompute-granularity");
     COCEMU_CHECK_ARG(!(o->sp && o->no_sp),

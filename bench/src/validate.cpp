@@ -104,6 +104,8 @@ std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
     l.grad_reduce_in_fp32 = ll.boolean_or("grad_reduce_in_fp32", true);
     if (ll.has("bucket_mb")) l.bucket_mb = ll.number("bucket_mb", 1e-3, 1e6);
     l.cross_entropy_fusion = ll.boolean_or("cross_entropy_loss_fusion", false);
+    l.scatter_gather_tensors_in_pipeline =
+        ll.boolean_or("scatter_gather_tensors_in_pipeline", false);
     const std::string coc = ll.string_or("coc", "serial");
     COCEMU_CHECK(coc == "serial" || coc == "fused", Errc::parse_error,
                  "{}: coc '{}'; allowed serial, fused", ll.where(), coc);

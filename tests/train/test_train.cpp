@@ -138,6 +138,12 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.overlap_grad_reduce = false;
   });
   add("no sequence parallel", [](TrainOptions& o) { o.layout.sequence_parallel = false; });
+  add("pp2 1f1b, pipeline tensors as TP slices, all-gathered", [](TrainOptions& o) {
+    o.layout.pp = 2;
+    o.layout.schedule = PipelineSchedule::one_f_one_b;
+    o.layout.sequence_parallel = false;
+    o.layout.scatter_gather_tensors_in_pipeline = true;
+  });
   add("fused cross-entropy", [](TrainOptions& o) { o.layout.cross_entropy_fusion = true; });
   add("script P=2", [](TrainOptions& o) {
     o.linear.strategy = Strategy::script;

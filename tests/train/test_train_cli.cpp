@@ -263,6 +263,33 @@ TEST(TrainCli, CrossEntropyFusionIsAFlagAndASetting) {
   EXPECT_EQ(read_json(dir + "/train.json")["iteration_ns"].get<double>(), fused_ns);
 }
 
+// The pipeline scatter/gather is a flag and a `train:` setting; real numerics are the same bits.
+TEST(TrainCli, PipelineScatterGatherIsAFlagAndASetting) {
+  const std::string dir = ::testing::TempDir() + "/cocemu_train_sg";
+  std::filesystem::create_directories(dir);
+  const std::string args =
+      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --no-sequence-parallel "
+      "--iterations 2 --out-dir " +
+      dir;
+  int status = 0;
+  const std::string whole = cocemu(args, &status);
+  ASSERT_EQ(status, 0) << whole;
+  const nlohmann::json w = read_json(dir + "/train.json");
+  const std::string sliced = cocemu(args + " --scatter-gather-tensors-in-pipeline", &status);
+  ASSERT_EQ(status, 0) << sliced;
+  const nlohmann::json s = read_json(dir + "/train.json");
+  EXPECT_EQ(whole.find("pp-scatter-gather"), std::string::npos) << whole;
+  EXPECT_NE(sliced.find("pp-scatter-gather"), std::string::npos) << sliced;
+  ASSERT_EQ(s["loss"].size(), 2u);
+  EXPECT_EQ(s["loss"], w["loss"]);
+  EXPECT_EQ(s["grad_norm"], w["grad_norm"]);
+  const std::string cfg = dir + "/sg.yaml";
+  std::ofstream(cfg) << "train:\n  scatter_gather_tensors_in_pipeline: true\n";
+  const std::string from_file = cocemu(args + " --config " + cfg, &status);
+  ASSERT_EQ(status, 0) << from_file;
+  EXPECT_NE(from_file.find("pp-scatter-gather"), std::string::npos) << from_file;
+}
+
 // Bad layouts from the command line: clear errors naming the numbers, never a hang.
 TEST(TrainCli, BadLayoutsAreClearErrors) {
   struct Case {
@@ -337,6 +364,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     std::string cp_algo = "megatron_cp_algo";
     bool deterministic = true;
     bool overlap_param_gather = false;
+    bool sequence_parallel = true, scatter_gather = false;
   };
   using layers::train::PipelineSchedule;
   using layers::train::Recompute;
@@ -355,7 +383,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
                        "megatron_cp_algo", false},
                      // The parameter all-gathers beside the next iteration's forward.
                      C{2, 2, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, true, 1,
-                       "megatron_cp_algo", true, true}}) {
+                       "megatron_cp_algo", true, true},
+                     // 2021-2022 Megatron's pipeline tensors: TP slices, all-gathered.
+                     C{4, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 1,
+                       "megatron_cp_algo", true, false, false, true}}) {
     TrainSetup s;
     s.dry_run = true;
     s.deterministic = c.deterministic;
@@ -371,6 +402,8 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     o.layout.recompute = c.r;
     o.layout.distributed_optimizer = c.dist;
     o.layout.overlap_param_gather = c.overlap_param_gather;
+    o.layout.sequence_parallel = c.sequence_parallel;
+    o.layout.scatter_gather_tensors_in_pipeline = c.scatter_gather;
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
     o.layout.micro_batch_size = 1;
@@ -396,6 +429,43 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
           << o.layout.describe();
     }
   }
+}
+
+// Megatron 2021-2022's scatter/gather of pipeline tensors: without SP each TP rank sends 1/tp of
+// the activation over its own NIC and the receiver all-gathers over NVLink, so a pipeline across
+// nodes waits far less on its transfers. With SP (tensors already sliced) it changes nothing.
+TEST(StepModel, ScatterGatherSendsSlicesAcrossNodes) {
+  TrainSetup s;
+  s.dry_run = true;
+  s.nodes = 2;
+  s.profile = std::make_shared<const DeviceProfile>(load_named_profile("h100-sxm"));
+  auto& o = s.options;
+  o.model.name = "mid";
+  o.model.hidden = 4096;
+  o.model.heads = 32;
+  o.model.ffn = 11008;
+  o.model.num_layers = 4;
+  o.model.vocab = 32000;
+  o.model.seq = 4096;
+  o.layout.tp = 8;
+  o.layout.pp = 2;
+  o.layout.dp = 1;
+  o.layout.sequence_parallel = false;
+  o.layout.micro_batch_size = 1;
+  o.layout.global_batch_size = 8;
+  const TrainReport whole = model_step(s);
+  o.layout.scatter_gather_tensors_in_pipeline = true;
+  const TrainReport sliced = model_step(s);
+  EXPECT_NE(sliced.layout.find("pp-scatter-gather"), std::string::npos) << sliced.layout;
+  // A 32 MiB activation: whole over one 50 GB/s NIC, or 4 MiB per NIC plus an NVLink all-gather.
+  EXPECT_LT(sliced.exposed_comm_ns.at("PP"), 0.5 * whole.exposed_comm_ns.at("PP"))
+      << whole.exposed_comm_ns.at("PP") << " ns whole";
+  EXPECT_LT(sliced.iteration_ns, whole.iteration_ns);
+  o.layout.sequence_parallel = true;
+  const TrainReport sp_on = model_step(s);
+  o.layout.scatter_gather_tensors_in_pipeline = false;
+  EXPECT_EQ(model_step(s).iteration_ns, sp_on.iteration_ns);
+  EXPECT_EQ(sp_on.layout.find("pp-scatter-gather"), std::string::npos) << sp_on.layout;
 }
 
 // 2021 Megatron's fp16 runs reduced their gradients in fp16 (no --accumulate-allreduce-grads-in-

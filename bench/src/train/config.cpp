@@ -124,6 +124,8 @@ TrainSettings parse_train_config(const std::string& text, const std::string& ori
          [&] { return t.boolean("overlap_param_gather"); });
     read(t, "cross_entropy_loss_fusion", s.cross_entropy_loss_fusion,
          [&] { return t.boolean("cross_entropy_loss_fusion"); });
+    read(t, "scatter_gather_tensors_in_pipeline", s.scatter_gather_tensors_in_pipeline,
+         [&] { return t.boolean("scatter_gather_tensors_in_pipeline"); });
     read(t, "iterations", s.iterations, [&] { return t.integer("iterations", 1, 1000); });
     read(t, "global_batch_size", s.global_batch_size,
          [&] { return t.integer("global_batch_size", 1, std::int64_t(1) << 30); });
@@ -180,6 +182,8 @@ TrainSettings merge_settings(const TrainSettings& f, const TrainSettings& y) {
   take(s.deterministic, f.deterministic, y.deterministic);
   take(s.overlap_param_gather, f.overlap_param_gather, y.overlap_param_gather);
   take(s.cross_entropy_loss_fusion, f.cross_entropy_loss_fusion, y.cross_entropy_loss_fusion);
+  take(s.scatter_gather_tensors_in_pipeline, f.scatter_gather_tensors_in_pipeline,
+       y.scatter_gather_tensors_in_pipeline);
   return s;
 }
 
@@ -269,6 +273,7 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
   l.distributed_optimizer = s.distributed_optimizer.value.value_or(false);
   l.overlap_param_gather = s.overlap_param_gather.value.value_or(false);
   l.cross_entropy_fusion = s.cross_entropy_loss_fusion.value.value_or(false);
+  l.scatter_gather_tensors_in_pipeline = s.scatter_gather_tensors_in_pipeline.value.value_or(false);
   l.gradients_mean = s.gradients_mean.value.value_or(true);
   l.micro_batch_interleave = int(s.micro_batch_interleave.value.value_or(1));
   l.bucket_params = int(s.bucket_params.value.value_or(0));

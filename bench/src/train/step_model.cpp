@@ -270,9 +270,20 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   const double outside = l.sequence_parallel && l.tp > 1 ? l.tp : 1;
   const double act_bytes = double(o.model.seq) / l.cp * double(l.micro_batch_size) *
                            double(o.model.hidden) / outside * double(size_of(l.dtype));
+  // With Megatron 2021-2022's scatter/gather, each TP rank sends its 1/tp slice and the
+  // receiving stage all-gathers the slices over its TP group before it may start.
+  const bool sliced = l.pipeline_scatter_gather();
+  const double sent_bytes = sliced ? act_bytes / l.tp : act_bytes;
   std::vector<double> link_ns(static_cast<std::size_t>(pp));
-  for (int s = 0; s < pp; ++s)
-    link_ns[std::size_t(s)] = p2p_ns(prof, act_bytes, per_stage * s, per_stage * ((s + 1) % pp));
+  for (int s = 0; s < pp; ++s) {
+    const int to = (s + 1) % pp;
+    link_ns[std::size_t(s)] = p2p_ns(prof, sent_bytes, per_stage * s, per_stage * to);
+    if (sliced) {
+      const std::int64_t elems = std::int64_t(act_bytes) / std::int64_t(size_of(l.dtype));
+      link_ns[std::size_t(s)] += memo->price(CollOp::all_gather, per_stage * to, 1, l.tp,
+                                             elems / l.tp, l.dtype, std::uint64_t(act_bytes), det);
+    }
+  }
 
   // Replay: every stage runs its actions in order; an action waits for its input's transfer.
   std::vector<const std::vector<PipelineAction>*> actions(static_cast<std::size_t>(pp));

@@ -50,12 +50,13 @@ Recompute parse_recompute(const std::string& name) {
 
 std::string TrainLayout::describe() const {
   return fmt::format(
-      "tp{} cp{} dp{} pp{}{} mbs{} gbs{} {}{}{}{}{}{}", tp, cp, dp, pp,
+      "tp{} cp{} dp{} pp{}{} mbs{} gbs{} {}{}{}{}{}{}{}", tp, cp, dp, pp,
       vpp > 1 ? fmt::format(" vpp{}", vpp) : "", micro_batch_size, global_batch_size,
       to_string(schedule), sequence_parallel && tp > 1 ? " sp" : "",
       distributed_optimizer ? " dist-opt" : "", overlap_param_gather ? " overlap-param-gather" : "",
       recompute != Recompute::none ? fmt::format(" recompute-{}", to_string(recompute)) : "",
-      cross_entropy_fusion ? " ce-fusion" : "");
+      cross_entropy_fusion ? " ce-fusion" : "",
+      pipeline_scatter_gather() ? " pp-scatter-gather" : "");
 }
 
 LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_size) {

@@ -414,6 +414,32 @@ class StageRunner {
     auto operator<=>(const Key&) const = default;
   };
 
+  /// A pipeline tensor (an activation or its gradient) to the neighbouring stage: whole, or with
+  /// Megatron 2021-2022's scatter/gather this TP rank's 1/tp slice of it.
+  void send(Group& link, const Tensor& t, int peer, int copy) {
+    if (!l_.pipeline_scatter_gather()) {
+      isend(link, t, peer);
+      return;
+    }
+    const Group& tp = copies_[std::size_t(copy)].tp;
+    const std::int64_t k = t.numel() / tp.size();
+    isend(link, t.flat(k * tp.rank(), k * (tp.rank() + 1)), peer);
+  }
+  /// What `send` sent: the whole tensor, or the slices, all-gathered over this stage's TP group
+  /// before the tensor is used (Megatron's gather_split_1d_tensor).
+  Tensor receive(Group& link, int peer, int copy) {
+    Tensor t = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+    if (!l_.pipeline_scatter_gather()) {
+      irecv(link, t, peer).wait();
+      return t;
+    }
+    Group& tp = copies_[std::size_t(copy)].tp;
+    Tensor slice = alloc(rank_, {t.numel() / tp.size()}, l_.dtype);
+    irecv(link, slice, peer).wait();
+    all_gather(tp, t, slice).wait();
+    return t;
+  }
+
   void forward(int iteration, const PipelineAction& a) {
     const int n = copies();
     std::vector<Tensor> x(static_cast<std::size_t>(n));
@@ -425,8 +451,7 @@ class StageRunner {
             return copies_[std::size_t(c)].embedding->forward(batch(a.micro_batch, c), rows());
           });
         } else {
-          x[std::size_t(c)] = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
-          irecv(links_.fwd_in, x[std::size_t(c)], links_.fwd_in_peer).wait();
+          x[std::size_t(c)] = receive(links_.fwd_in, links_.fwd_in_peer, c);
         }
       });
     const std::size_t layers = copies_[0].chunks[std::size_t(a.chunk)].size();
@@ -464,7 +489,7 @@ class StageRunner {
                                                          o_.linear, slot);
           });
         } else {
-          isend(links_.fwd_out, x[std::size_t(c)], links_.fwd_out_peer);
+          send(links_.fwd_out, x[std::size_t(c)], links_.fwd_out_peer, c);
         }
       });
   }
@@ -495,8 +520,7 @@ class StageRunner {
                 node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp * n), o_.linear);
           });
         } else {
-          dy[std::size_t(c)] = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
-          irecv(links_.bwd_in, dy[std::size_t(c)], links_.bwd_in_peer).wait();
+          dy[std::size_t(c)] = receive(links_.bwd_in, links_.bwd_in_peer, c);
         }
       });
     if (last_stage_chunk(a.chunk) && last_micro_batch) grad_final(0);
@@ -531,7 +555,7 @@ class StageRunner {
                                                         dy[std::size_t(c)]);
           });
         else
-          isend(links_.bwd_out, dy[std::size_t(c)], links_.bwd_out_peer);
+          send(links_.bwd_out, dy[std::size_t(c)], links_.bwd_out_peer, c);
       });
     if (first_stage_chunk(a.chunk) && last_micro_batch) grad_final(embedding_slot_);
   }

@@ -107,6 +107,9 @@ struct DeviceProfile {
 };
 
 /// Parses a profile; `origin` names the text in error messages (a file path or "<string>").
+/// A profile with `base: <name or path>` is that profile with this one's keys over it (mappings
+/// merge key by key; a number, string or list replaces the base's); it must give its own `name`.
+/// A base given by path is relative to `origin`'s directory; a chain deeper than 4 is an error.
 DeviceProfile parse_device_profile(const std::string& yaml_text, const std::string& origin);
 DeviceProfile load_device_profile(const std::string& path);
 

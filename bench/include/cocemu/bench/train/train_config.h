@@ -30,7 +30,7 @@ struct TrainSettings {
   Setting<std::int64_t> micro_batch_interleave, bucket_params;
   Setting<double> bucket_mb;
   Setting<bool> sequence_parallel, distributed_optimizer, gradients_mean, deterministic;
-  Setting<bool> overlap_param_gather, cross_entropy_loss_fusion;
+  Setting<bool> overlap_param_gather, cross_entropy_loss_fusion, scatter_gather_tensors_in_pipeline;
   Setting<std::vector<std::int64_t>> stage_layers;  ///< layers per pipeline stage (uneven split)
 };
 
@@ -42,7 +42,8 @@ struct TrainSettings {
 /// top-level micro_batch_interleave_num, `recompute_config:` (recompute, select_recompute),
 /// `runner_config:` (batch_size = the micro-batch size), and cocemu's own `train:` (model,
 /// profile, nodes, schedule, dtype, coc, coc_config, stage_layers, seq_length, deterministic,
-/// overlap_param_gather, cross_entropy_loss_fusion, iterations, global_batch_size). Unknown keys
+/// overlap_param_gather, cross_entropy_loss_fusion, scatter_gather_tensors_in_pipeline,
+/// iterations, global_batch_size). Unknown keys
 /// are errors with file:line.
 TrainSettings parse_train_config(const std::string& yaml_text, const std::string& origin);
 /// `flags` and `file` together; a setting given by both with different values is an error.

@@ -69,6 +69,17 @@ struct TrainLayout {
   /// over the logits; see CrossEntropyTraffic) and one all_reduce carries the target logits and
   /// the exp-sums. The same numerics either way.
   bool cross_entropy_fusion = false;
+  /// Megatron 2021-2022's scatter/gather of pipeline tensors (--scatter-gather-tensors-in-pipeline,
+  /// on by default there, gone from Megatron-Core; Narayanan et al. 2021 §4.1): without sequence
+  /// parallelism, each TP rank sends only its 1/tp slice of the activation (or its gradient) to
+  /// the next stage, over its own link, and the receiving stage all-gathers the slices over its
+  /// TP group before using them. Off, or with sequence parallelism, or tp 1: each TP rank sends
+  /// its whole tensor. The same numerics either way.
+  bool scatter_gather_tensors_in_pipeline = false;
+  /// Whether pipeline tensors travel as 1/tp slices (the option on, tp > 1, no SP).
+  bool pipeline_scatter_gather() const {
+    return scatter_gather_tensors_in_pipeline && tp > 1 && !sequence_parallel;
+  }
   Strategy coc = Strategy::serial;  ///< CoC strategy of the TP linears
   int coc_parallel_num = 1;         ///< script strategy: chunks
 

@@ -175,41 +175,38 @@ YAML::Node overlay(const YAML::Node& base, const YAML::Node& top) {
   return out;
 }
 
-DeviceProfile parse_profile(const std::string& text, const std::string& origin, int depth);
+/// A parsed profile and its document with its bases' keys under it (what a profile deriving from
+/// this one overlays).
+struct Parsed {
+  DeviceProfile profile;
+  YAML::Node tree;
+};
 
-/// The profile's tree with its `base` profile's (and that one's base's) under it. The base must
-/// be a whole profile on its own: it is parsed first, so its errors name its own file and line.
-YAML::Node with_base(detail::YamlReader& top, const std::string& origin, int depth) {
-  if (!top.has("base")) return top.node();
-  const std::string base = top.string("base");
-  COCEMU_CHECK(depth < kMaxBaseDepth, Errc::parse_error,
-               "{}: base '{}': profiles derive from one another more than {} deep (a cycle?)",
-               top.where(top.node()["base"]), base, kMaxBaseDepth);
-  const std::string path = profile_path(base, origin);
-  std::string text;
-  try {
-    text = read_profile_file(path);
-  } catch (const Error& e) {
-    COCEMU_FAIL(Errc::parse_error, "{}: base '{}': {}", top.where(top.node()["base"]), base,
-                e.what());
-  }
-  (void)parse_profile(text, path, depth + 1);
-  detail::YamlReader b = detail::YamlReader::parse(text, path);
-  YAML::Node merged = overlay(with_base(b, path, depth + 1), top.node());
-  merged.remove("base");
-  return merged;
-}
-
-DeviceProfile parse_profile(const std::string& text, const std::string& origin, int depth) {
+/// Parses `text`. With `base:`, the base is parsed first, each file once (so its errors name its
+/// own file and line), and this document's keys overlay the base's resolved tree.
+Parsed parse_profile(const std::string& text, const std::string& origin, int depth) {
   using detail::YamlReader;
   YamlReader top = YamlReader::parse(text, origin);
   if (top.has("base")) {
     COCEMU_CHECK(top.has("name"), Errc::parse_error,
                  "{}: a profile with a base must give its own 'name' (it would take the base's)",
                  top.where());
-    const std::string base = top.node()["base"].IsScalar() ? top.node()["base"].Scalar() : "";
-    top = YamlReader(with_base(top, origin, depth), origin + " (over " + base + ")", "");
+    const std::string base = top.string("base"), where = top.where(top.node()["base"]);
+    COCEMU_CHECK(depth < kMaxBaseDepth, Errc::parse_error,
+                 "{}: base '{}': profiles derive from one another more than {} deep (a cycle?)",
+                 where, base, kMaxBaseDepth);
+    const std::string path = profile_path(base, origin);
+    std::string base_text;
+    try {
+      base_text = read_profile_file(path);
+    } catch (const Error& e) {
+      COCEMU_FAIL(Errc::parse_error, "{}: base '{}': {}", where, base, e.what());
+    }
+    YAML::Node merged = overlay(parse_profile(base_text, path, depth + 1).tree, top.node());
+    merged.remove("base");
+    top = YamlReader(merged, origin + " (over " + base + ")", "");
   }
+  const YAML::Node tree = top.node();
   DeviceProfile p;
   p.source = origin;
   p.name = top.string("name");
@@ -317,13 +314,13 @@ DeviceProfile parse_profile(const std::string& text, const std::string& origin, 
     }
   }
   top.finish();
-  return p;
+  return {std::move(p), tree};
 }
 
 }  // namespace
 
 DeviceProfile parse_device_profile(const std::string& text, const std::string& origin) {
-  return parse_profile(text, origin, 0);
+  return parse_profile(text, origin, 0).profile;
 }
 
 namespace {

@@ -274,15 +274,14 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   // receiving stage all-gathers the slices over its TP group before it may start.
   const bool sliced = l.pipeline_scatter_gather();
   const double sent_bytes = sliced ? act_bytes / l.tp : act_bytes;
+  const std::int64_t slice_elems = std::int64_t(act_bytes) / std::int64_t(size_of(l.dtype)) / l.tp;
   std::vector<double> link_ns(static_cast<std::size_t>(pp));
   for (int s = 0; s < pp; ++s) {
     const int to = (s + 1) % pp;
     link_ns[std::size_t(s)] = p2p_ns(prof, sent_bytes, per_stage * s, per_stage * to);
-    if (sliced) {
-      const std::int64_t elems = std::int64_t(act_bytes) / std::int64_t(size_of(l.dtype));
+    if (sliced)
       link_ns[std::size_t(s)] += memo->price(CollOp::all_gather, per_stage * to, 1, l.tp,
-                                             elems / l.tp, l.dtype, std::uint64_t(act_bytes), det);
-    }
+                                             slice_elems, l.dtype, std::uint64_t(act_bytes), det);
   }
 
   // Replay: every stage runs its actions in order; an action waits for its input's transfer.

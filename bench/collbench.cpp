@@ -5,7 +5,8 @@
 // recv = S; reduce_scatter send = S; all_to_all send = recv = S; broadcast S). algbw = S / t;
 // busbw = algbw · 2(n-1)/n for all_reduce, · (n-1)/n for all_gather, reduce_scatter and
 // all_to_all, · 1 for broadcast. GB/s = 1e9 bytes/s. Wall time per call is the median over
-// samples of (a batch of back-to-back calls after a barrier) / batch, as seen by rank 0.
+// samples of (a batch of back-to-back calls after a barrier) / batch, as seen by rank 0, after
+// --warmup untimed calls.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -235,7 +236,7 @@ void add_collbench(CLI::App& app) {
     std::uint64_t min_bytes = 4096, max_bytes = 64ull << 20;
     int factor = 4;
     std::string dtype = "f32", algo = "auto", profile = "ascend-910b", json;
-    int samples = 0;
+    int samples = 0, warmup = 1;
     bool nondeterministic = false, check = true, dry_run = false;
   };
   auto o = std::make_shared<Opts>();
@@ -254,6 +255,10 @@ void add_collbench(CLI::App& app) {
   sub->add_option("-p,--profile", o->profile, "device profile name or YAML path")
       ->capture_default_str();
   number(sub, "--samples", o->samples, "timed samples per row (0 = by size)", 0, 1000);
+  number(sub, "-w,--warmup", o->warmup,
+         "untimed calls per row before its samples (nccl-tests' -w); a world's first calls "
+         "fault in its op log and heap",
+         1, 100000);
   sub->add_flag("--nondeterministic", o->nondeterministic,
                 "reduce in arrival-like order instead of rank order");
   sub->add_option("--check", o->check, "verify results (#wrong): true/false, 1/0")
@@ -322,7 +327,9 @@ void add_collbench(CLI::App& app) {
         co.label = fmt::format(" timed#{}", ci);
         const int iters = int(std::clamp<std::uint64_t>((8ull << 20) / c.size, 1, 50));
         const int samples = o->samples > 0 ? o->samples : (c.size >= (16u << 20) ? 5 : 9);
-        issue(c, world, b, co).synchronize();  // warm-up
+        for (int w = 0; w < o->warmup; ++w)  // untimed
+          issue(c, world, b, co);
+        rank.comm_stream().synchronize();
         std::vector<double> times;
         for (int s = 0; s < samples; ++s) {
           barrier(world, {.async_op = true}).synchronize();
@@ -381,9 +388,9 @@ void add_collbench(CLI::App& app) {
                 name_of(dtype).data(), o->algo.c_str(), wo.profile->name.c_str(),
                 wo.deterministic ? "deterministic" : "nondeterministic");
     std::printf(
-        "# wall = host time on this machine (median per call); modeled = device time from "
-        "the cost model; GB/s = 1e9 B/s; malloc from %s\n",
-        malloc_library().c_str());
+        "# wall = host time on this machine (median per call, after %d untimed calls per row); "
+        "modeled = device time from the cost model; GB/s = 1e9 B/s; malloc from %s\n",
+        o->warmup, malloc_library().c_str());
     std::string current;
     for (std::size_t ci = 0; ci < rows.size(); ci += 2) {
       const Row& a = rows[ci];
@@ -427,8 +434,11 @@ void add_collbench(CLI::App& app) {
                      {"modeled_us", r.modeled_us},
                      {"modeled_busbw_gbps", r.modeled_busbw},
                      {"wrong", r.wrong}});
-      write_file("--json", o->json,
-                 nlohmann::json{{"profile", wo.profile->name}, {"rows", j}}.dump(2) + "\n");
+      write_file(
+          "--json", o->json,
+          nlohmann::json{{"profile", wo.profile->name}, {"warmup_calls", o->warmup}, {"rows", j}}
+                  .dump(2) +
+              "\n");
       std::printf("# wrote %s\n", o->json.c_str());
     }
     if (total_wrong)

@@ -4,7 +4,9 @@
 #   - STREAM copy bandwidth with 2 threads;
 #   - all_reduce of 4 MiB per rank, out of place, at 8, 16, 32 and 64 ranks, and of 64 MiB at 8:
 #     host wall time (median per call) against the floor 2·n·S / copy bandwidth;
-#   - all_reduce of 4 KiB at 8 and 64 ranks (latency through the streams).
+#   - all_reduce of 4 KiB at 8 and 64 ranks (latency through the streams): as the sweep above
+#     measures it (one untimed call, then 9 samples of 50 calls: a fresh world's first calls,
+#     which fault in its op log and heap), and in steady state (500 untimed calls, 60 samples).
 # With BASELINE=path/to/another/cocemu the same figures are measured for that binary too, its runs
 # alternating with this build's (before/after comparisons on a noisy machine).
 #
@@ -43,6 +45,11 @@ for r in $(seq "$REPS"); do
     "${bins[$b]}" collbench -n 8 --ops all_reduce -b 67108864 -e 67108864 --check 0 \
       --json "$out/c.json" >/dev/null
     wall_of "$out/c.json" 67108864 >> "$out/$b-w64m"
+    for n in 8 64; do
+      "${bins[$b]}" collbench -n "$n" --ops all_reduce -b 4096 -e 4096 --check 0 -w 500 \
+        --samples 60 --json "$out/c.json" >/dev/null
+      wall_of "$out/c.json" 4096 >> "$out/$b-s4k-$n"
+    done
   done
 done
 copy=$(median < "$out/copy")
@@ -57,10 +64,15 @@ for b in $(printf "%s\n" "${!bins[@]}" | sort -r); do
   printf "%6s %10s %12s %12s %8s\n" ranks "per rank" "wall ms" "floor ms" ratio
   for n in 8 16 32 64; do row "$n" 4194304 "$(median < "$out/$b-w4m-$n")"; done
   row 8 67108864 "$(median < "$out/$b-w64m")"
-  l8=$(median < "$out/$b-w4k-8"); l64=$(median < "$out/$b-w4k-64")
-  printf "4 KiB all_reduce latency: 8 ranks %.1f us, 64 ranks %.1f us (%.1fx)\n" "$l8" "$l64" \
-    "$(awk -v a="$l64" -v b="$l8" 'BEGIN {print a / b}')"
-  # Each repetition's own ratio: its 8- and 64-rank figures are measured seconds apart.
-  printf "  per run (64 / 8 ranks):%s\n" "$(paste -d' ' "$out/$b-w4k-8" "$out/$b-w4k-64" |
-    awk '{printf " %.1fx", $2 / $1}')"
+  latency() {  # label file-prefix
+    local a8 a64
+    a8=$(median < "$out/$2-8"); a64=$(median < "$out/$2-64")
+    printf "4 KiB all_reduce latency, %s: 8 ranks %.1f us, 64 ranks %.1f us (%.1fx)\n" "$1" \
+      "$a8" "$a64" "$(awk -v a="$a64" -v b="$a8" 'BEGIN {print a / b}')"
+    # Each repetition's own ratio: its 8- and 64-rank figures are measured seconds apart.
+    printf "  per run (64 / 8 ranks):%s\n" "$(paste -d' ' "$out/$2-8" "$out/$2-64" |
+      awk '{printf " %.1fx", $2 / $1}')"
+  }
+  latency "fresh world (1 untimed call, 9 x 50 timed)" "$b-w4k"
+  latency "steady state (500 untimed calls, 60 x 50 timed)" "$b-s4k"
 done

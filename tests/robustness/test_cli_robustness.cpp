@@ -110,6 +110,7 @@ TEST(CliRobustness, EveryNumericOptionRejectsBadValues) {
       {"collbench", &coll, "-e", "max-bytes", {"1099511627776"}},  // a dry run up to 1 TiB
       {"collbench", &coll, "-f", "factor", {}},
       {"collbench", &coll, "--samples", "samples", {"0"}},
+      {"collbench", &coll, "-w", "warmup", {}},
       {"collbench", &coll, "--check", "check", {"0"}},
       {"plan", &plan, "--nodes", "nodes", {}},
       {"plan", &plan, "--global-batch", "global-batch", {}},

@@ -39,8 +39,10 @@ struct Task {
   std::string wait_what;
 };
 
-/// One stream: an in-order queue drained by a worker thread. Counters: `submitted` counts ops
-/// pushed by the host, `completed` ops finished (or skipped after a failure) by the worker.
+/// One stream: an in-order queue drained by a worker thread — or by the rank's host thread while it
+/// waits for the stream and the worker is not running it (`help`); `exec_mu` makes them take
+/// turns. Counters: `submitted` counts ops pushed by the host, `completed` ops finished (or
+/// skipped after a failure).
 struct StreamImpl {
   Rank* rank = nullptr;
   World* world = nullptr;
@@ -53,6 +55,12 @@ struct StreamImpl {
   std::atomic<bool> exited{false};  // the worker has left work()
   std::mutex error_mu;
   std::exception_ptr error;
+  /// Whoever holds this runs the stream's ops: its worker, or its host while it waits for the
+  /// stream (`help`). The two state members below belong to the holder.
+  std::mutex exec_mu;
+  Counter released;                       // the host's helps that have ended
+  std::atomic<std::uint32_t> fetched{0};  // tasks taken from the queue (written under exec_mu)
+  std::deque<Task> started;  // split ops started, not yet finished (oldest first; under exec_mu)
   // Host-side bookkeeping (only the rank's host thread touches these).
   std::uint32_t host_submitted = 0;
   OpRef last_op;
@@ -116,45 +124,83 @@ struct StreamImpl {
     }
   }
 
+  /// With `exec_mu` held: runs the stream's next step (start the next split op while the window
+  /// has room, else finish the oldest started one, else take the next queued op). Returns false
+  /// when there is nothing queued or started.
+  bool step() {
+    const std::uint32_t taken = fetched.load(std::memory_order_relaxed);
+    const bool queued = std::int32_t(submitted.load() - taken) > 0;
+    if (!started.empty()) {
+      // Ops complete in order, each when its finish returns.
+      if (started.size() < std::size_t(Stream::kSplitWindow) && queued &&
+          next_is_split(started.back().chain)) {
+        Task t = pop();
+        fetched.store(taken + 1, std::memory_order_relaxed);
+        if (!run_part(t, t.fn, true, false)) t.finish = nullptr;  // failed: nothing to finish
+        started.push_back(std::move(t));
+        return true;
+      }
+      Task t = std::move(started.front());
+      started.pop_front();
+      if (t.finish) run_part(t, t.finish, false, true);
+      completed.add(1);
+      return true;
+    }
+    if (!queued) return false;
+    Task t = pop();
+    fetched.store(taken + 1, std::memory_order_relaxed);
+    if (t.finish) {
+      if (!run_part(t, t.fn, true, false)) t.finish = nullptr;
+      started.push_back(std::move(t));
+      return true;
+    }
+    run_part(t, t.fn, true, true);
+    completed.add(1);
+    return true;
+  }
+
   void work() {
     ScopedWaitScope guard(scope);
     blas::init_thread();
-    std::uint32_t fetched = 0;  // tasks taken from the queue
-    std::deque<Task> started;   // split ops started, not yet finished (oldest first)
     for (;;) {
-      if (!started.empty()) {
-        // Start the next split op already queued while the window has room; then finish the
-        // oldest. Ops complete in order, each when its finish returns.
-        if (started.size() < std::size_t(Stream::kSplitWindow) &&
-            std::int32_t(submitted.load() - fetched) > 0 && next_is_split(started.back().chain)) {
-          Task t = pop();
-          ++fetched;
-          if (!run_part(t, t.fn, true, false)) t.finish = nullptr;  // failed: nothing to finish
-          started.push_back(std::move(t));
-          continue;
-        }
-        Task t = std::move(started.front());
-        started.pop_front();
-        if (t.finish) run_part(t, t.finish, false, true);
-        completed.add(1);
+      const std::uint32_t helps = released.load();
+      std::unique_lock exec(exec_mu, std::try_to_lock);
+      if (!exec.owns_lock()) {
+        // The host is running this stream's ops (`help`): wait until it stops.
+        if (!released.wait_idle(helps + 1, stop)) break;
         continue;
       }
-      if (!submitted.wait_idle(fetched + 1, stop)) break;
-      Task t = pop();
-      ++fetched;
-      if (t.finish) {
-        if (!run_part(t, t.fn, true, false)) t.finish = nullptr;
-        started.push_back(std::move(t));
-        continue;
+      while (step()) {
       }
-      run_part(t, t.fn, true, true);
-      completed.add(1);
+      const std::uint32_t taken = fetched.load(std::memory_order_relaxed);
+      exec.unlock();
+      if (!submitted.wait_idle(taken + 1, stop)) break;
     }
+  }
+
+  /// Host, about to wait for op `target`: runs the stream's ops up to it here if the worker is not
+  /// running them. The host would only wait, and the worker, with more threads than cores, would
+  /// first need a core handed to it (4 KiB all_reduce in steady state, medians of 7 alternated
+  /// runs: 64 ranks 37.8 -> 29.0 us, 8 ranks 4.5 -> 4.1 us). Ops past `target` stay queued, and
+  /// `released` tells a worker that waited for the host that it may run them.
+  void help(std::uint32_t target) {
+    if (completed.reached(target)) return;
+    const WaitScope& me = current_wait_scope();  // only the stream's own host thread helps
+    if (me.world != world || me.rank != rank->id() || me.lane_index != 0) return;
+    {
+      std::unique_lock exec(exec_mu, std::try_to_lock);
+      if (!exec.owns_lock()) return;  // the worker is running them
+      ScopedWaitScope lane(scope);
+      while (!completed.reached(target) && step()) {
+      }
+    }
+    released.add(1);
   }
 
   /// Host: waits until every op pushed so far is done; rethrows this stream's failure first.
   void drain(const char* why) {
     const std::uint32_t target = host_submitted;
+    help(target);
     WaitGrace grace(kHostWaitGrace);
     completed.wait_geq(target, [&] {
       return fmt::format("{} of rank {} stream '{}' ({} of {} ops done)", why, rank->id(), name,
@@ -180,6 +226,7 @@ void Event::synchronize() const {
   OpSpec spec{.name = "event.synchronize", .cls = OpClass::wait, .launch = LaunchKind::none};
   if (op_.valid()) spec.deps.push_back(op_);
   stream_->rank->record_host(std::move(spec));
+  stream_->help(target_);
   detail::WaitGrace grace(detail::kHostWaitGrace);
   stream_->completed.wait_geq(target_, [&] {
     return fmt::format("event.synchronize on rank {} stream '{}' (op {} of {})",
@@ -203,6 +250,7 @@ Stream::~Stream() {
   // sleep misses a wake-up, and an idle worker sleeps in long slices: wake it until it leaves.
   while (!impl_->exited.load(std::memory_order_acquire)) {
     impl_->submitted.notify_all();
+    impl_->released.notify_all();  // a worker waiting for its host to stop helping
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   impl_->worker.join();

@@ -139,6 +139,55 @@ TEST(Streams, EventSynchronizeBlocksTheHostUntilDone) {
   });
 }
 
+// A host waiting for its stream runs the queued ops itself when the worker is not running them
+// (runtime/src/world.cpp, StreamImpl::help). Whoever runs them, they run one at a time and in
+// order: a plain int counts them (TSan sees a race if two threads ran ops at once).
+TEST(Streams, OpsRunInOrderWhetherTheWorkerOrTheHostRunsThem) {
+  run_ranks(2, [](Rank& rank) {
+    Stream& s = rank.comm_stream();
+    const auto host = std::this_thread::get_id();
+    int next = 0, by_host = 0, wrong = 0;
+    for (int round = 0; round < 300; ++round) {
+      Event middle;
+      for (int i = 0; i < 8; ++i) {
+        const int want = round * 8 + i;
+        s.launch({.name = "count"}, [&, want, host] {
+          wrong += next++ != want;
+          by_host += std::this_thread::get_id() == host;
+        });
+        if (i == 3) middle = s.record();
+      }
+      if (round % 3 == 0) middle.synchronize();  // a wait for part of the queue
+      if (round % 2 == 0) s.synchronize();       // a wait for all of it
+    }
+    s.synchronize();
+    EXPECT_EQ(next, 300 * 8);
+    EXPECT_EQ(wrong, 0);
+    EXPECT_LE(by_host, next);
+  });
+}
+
+// After the host ran the ops up to an event, the worker takes over the rest by itself: the host
+// waits for the last op without a stream call (before `released`, the worker waited for the host
+// to run every queued op, and this hung).
+TEST(Streams, AfterAHostWaitForPartTheWorkerRunsTheRest) {
+  run_ranks(2, [](Rank& rank) {
+    Stream& s = rank.compute_stream();
+    for (int round = 0; round < 200; ++round) {
+      std::atomic<bool> first{false}, last{false};
+      s.launch({.name = "first"}, [&] { first = true; });
+      Event e = s.record();
+      s.launch({.name = "last"}, [&] { last = true; });
+      e.synchronize();
+      ASSERT_TRUE(first.load());
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (!last.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(50us);
+      ASSERT_TRUE(last.load()) << "round " << round << ": the worker did not run the last op";
+    }
+  });
+}
+
 TEST(Streams, MoreStreamsCanBeCreated) {
   const RunResult r = run_ranks(2, [](Rank& rank) {
     Stream& extra = rank.new_stream("side");

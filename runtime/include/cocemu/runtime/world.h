@@ -1,7 +1,8 @@
 #pragma once
 /// The emulated node: `run(n, fn)` starts n rank threads, each with a compute and a comm stream
 /// (in-order queues executed by worker threads, asynchronous to the host thread and ordered
-/// against each other only by events — CUDA/CANN semantics). Every op is recorded into a model
+/// against each other only by events — CUDA/CANN semantics; a host that waits for its stream runs
+/// the queued ops itself when the worker is not running them). Every op is recorded into a model
 /// graph whose schedule gives the modeled device timeline (see graph.h).
 #include <atomic>
 #include <chrono>

@@ -124,33 +124,27 @@ struct StreamImpl {
     }
   }
 
-  /// With `exec_mu` held: runs the stream's next step (start the next split op while the window
-  /// has room, else finish the oldest started one, else take the next queued op). Returns false
-  /// when there is nothing queued or started.
+  /// With `exec_mu` held: runs the stream's next step — the next queued op when none is started,
+  /// or the next split op of the started ones' chain while the window has room; else finishes
+  /// the oldest started one. Returns false when there is nothing queued or started.
   bool step() {
     const std::uint32_t taken = fetched.load(std::memory_order_relaxed);
     const bool queued = std::int32_t(submitted.load() - taken) > 0;
-    if (!started.empty()) {
+    const bool start_ahead = started.size() < std::size_t(Stream::kSplitWindow) && queued &&
+                             (started.empty() || next_is_split(started.back().chain));
+    if (!start_ahead) {
+      if (started.empty()) return false;
       // Ops complete in order, each when its finish returns.
-      if (started.size() < std::size_t(Stream::kSplitWindow) && queued &&
-          next_is_split(started.back().chain)) {
-        Task t = pop();
-        fetched.store(taken + 1, std::memory_order_relaxed);
-        if (!run_part(t, t.fn, true, false)) t.finish = nullptr;  // failed: nothing to finish
-        started.push_back(std::move(t));
-        return true;
-      }
       Task t = std::move(started.front());
       started.pop_front();
       if (t.finish) run_part(t, t.finish, false, true);
       completed.add(1);
       return true;
     }
-    if (!queued) return false;
     Task t = pop();
     fetched.store(taken + 1, std::memory_order_relaxed);
     if (t.finish) {
-      if (!run_part(t, t.fn, true, false)) t.finish = nullptr;
+      if (!run_part(t, t.fn, true, false)) t.finish = nullptr;  // failed: nothing to finish
       started.push_back(std::move(t));
       return true;
     }

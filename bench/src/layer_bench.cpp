@@ -239,8 +239,8 @@ Verdict judge(const SegmentStats& serial, const SegmentStats& split) {
       std::min(split.compute_work_ns, split.comm_work_ns) * double(chunks - 1) / double(chunks);
   if (split.overlap_ns < 0.5 * possible)
     return {false, "no concurrency",
-            fmt::format("no concurrency: compute and comm overlapped {:.1f} us of a possible "
-                        "{:.1f} us",
+            fmt::format("no concurrency: compute and comm overlapped {:.1f} us, less than "
+                        "half of the {:.1f} us possible from the second chunk on",
                         us(split.overlap_ns), us(possible))};
   if (split.span_ns >= serial.span_ns)
     return {false, "no gain",

@@ -77,6 +77,11 @@ std::string name(const LinearOptions& o, const std::string& what) {
   return o.label.empty() ? what : o.label + " " + what;
 }
 
+/// A collective's label suffix for the op `what` (" label what").
+std::string comm_label(const LinearOptions& o, const std::string& what) {
+  return fmt::format(" {}", name(o, what));
+}
+
 /// MindSpeed's matmul_soc_friendly (get_aligned_mm_inputs, called by the coc_parallel_linears_*
 /// functions before they split) for a script op of P > 1 chunks over an [m, k]·[k, n] product,
 /// m as MindSpeed computes it. Launches the operand copies it makes on every call — the weight
@@ -235,7 +240,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, const LinearOptions& o_in)
   // gather_output: all_gather the column blocks and place them side by side.
   Tensor blocks = alloc_out(rank, {ws * m, nl}, x.dtype()),
          wide = alloc_out(rank, {m, ws * nl}, x.dtype());
-  all_gather(tp_, blocks, y, {.label = " " + name(o, "gather_output")});
+  all_gather(tp_, blocks, y, {.label = comm_label(o, "gather_output")});
   for (int r = 0; r < ws; ++r)
     detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, r * nl, true);
   return wide;
@@ -267,13 +272,13 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
   if (sp_ && !saved_is_gathered_) {  // recompute_all_gather: re-gather the input (async)
     x_full = alloc_out(rank, {m, k}, dy.dtype());
     gather_work = all_gather(tp_, x_full, saved_input_,
-                             {.async_op = true, .label = " " + name(o, "column bwd re-gather")});
+                             {.async_op = true, .label = comm_label(o, "column bwd re-gather")});
   }
   Tensor dx;
   if (!sp_) {
     matmul(rank, name(o, "column bwd grad-input matmul"), dy, false, weight_, false, dx_full);
     reduce_work = detail::reduce_over_tp(tp_, dx_full,
-                                         {.async_op = true, .label = " " + name(o, "column bwd")});
+                                         {.async_op = true, .label = comm_label(o, "column bwd")});
     dx = dx_full;
   } else if (o.strategy == Strategy::fused && o.enable_coc_in_column_backward) {
     dx = alloc_out(rank, {m / ws, k}, dy.dtype());
@@ -285,7 +290,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, const LinearOptions& 
     gather_work.wait();
     dx = alloc_out(rank, {m / ws, k}, dy.dtype());
     reduce_work =
-        reduce_scatter(tp_, dx, dx_full, {.async_op = true, .label = " " + name(o, "column bwd")});
+        reduce_scatter(tp_, dx, dx_full, {.async_op = true, .label = comm_label(o, "column bwd")});
   }
   // Weight gradient (not split), overlapping the grad-input reduction.
   detail::weight_grad(rank, name(o, "column bwd wgrad"), dy, x_full, main_grad_,
@@ -361,7 +366,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
              y.rows(i * per, (i + 1) * per), soc);
       works.push_back(
           detail::reduce_over_tp(tp_, y.rows(i * per, (i + 1) * per),
-                                 {.async_op = true, .label = tag + " " + name(o, "row fwd")}));
+                                 {.async_op = true, .label = tag + comm_label(o, "row fwd")}));
     }
     for (auto& w : works)
       w.wait();
@@ -396,7 +401,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, const LinearOptions& o_in)
            partial.rows(i * ws * per, (i + 1) * ws * per), soc);
     works.push_back(reduce_scatter(tp_, y.rows(i * per, (i + 1) * per),
                                    partial.rows(i * ws * per, (i + 1) * ws * per),
-                                   {.async_op = true, .label = tag + " " + name(o, "row fwd")}));
+                                   {.async_op = true, .label = tag + comm_label(o, "row fwd")}));
   }
   for (auto& w : works)
     w.wait();
@@ -428,7 +433,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearOptions& o_in) 
   // The input was scattered by columns: gather the gradient's column blocks.
   Tensor blocks = alloc_out(rank, {ws * m, kl}, dy.dtype()),
          wide = alloc_out(rank, {m, ws * kl}, dy.dtype());
-  all_gather(tp_, blocks, dx, {.label = " " + name(o, "row bwd input gather")});
+  all_gather(tp_, blocks, dx, {.label = comm_label(o, "row bwd input gather")});
   for (int r = 0; r < ws; ++r)
     detail::copy_columns(rank, blocks.rows(r * m, (r + 1) * m), wide, r * kl, true);
   return wide;

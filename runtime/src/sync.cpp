@@ -144,7 +144,10 @@ void Counter::wait_geq(std::uint32_t target, const std::function<std::string()>&
             "rank {} ({}) timed out: no progress for {} ms waiting for {} (counter at {}, needed "
             "{})",
             scope.rank, scope.lane, scope.timeout.count(), what(), load(), target);
-        if (scope.world) msg += "\n" + scope.world->status_report();
+        if (scope.world) {
+          msg += '\n';
+          msg += scope.world->status_report();
+        }
         throw Error(Errc::timeout, msg);
       }
     }

@@ -205,8 +205,12 @@ TEST(LocalAttention, VisibilityCountsWhatAKernelTouches) {
     EXPECT_EQ(v.rows, rows * B * H) << int(kind);
     EXPECT_EQ(v.keys, keys) << int(kind);
     EXPECT_EQ(visible_pairs(a), v.pairs) << int(kind);
-    if (kind == MaskKind::causal) EXPECT_LT(keys, std::int64_t(kpos.size()));
-    if (kind == MaskKind::general) EXPECT_LT(rows, std::int64_t(qpos.size()));
+    if (kind == MaskKind::causal) {
+      EXPECT_LT(keys, std::int64_t(kpos.size()));
+    }
+    if (kind == MaskKind::general) {
+      EXPECT_LT(rows, std::int64_t(qpos.size()));
+    }
   }
 }
 

@@ -208,7 +208,9 @@ TEST(Async, CallsOfDifferentGroupsHaveDistinctKeysAndDetails) {
     EXPECT_EQ(details[1], "group all algo direct dtype f32 seq 0") << rk;
     EXPECT_EQ(details[3], "group world algo direct dtype f32 seq 1") << rk;
     if (rk == 0) first_keys = keys;
-    if (rk == 1) EXPECT_EQ(keys, first_keys);  // ranks 0 and 1 share every group
+    if (rk == 1) {
+      EXPECT_EQ(keys, first_keys);  // ranks 0 and 1 share every group
+    }
   }
 }
 

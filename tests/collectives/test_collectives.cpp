@@ -250,7 +250,7 @@ TEST_P(Collectives, EveryOpDtypeCountAndAlgorithmIsExact) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSize, Collectives, ::testing::Range(1, 17),
                          [](const ::testing::TestParamInfo<int>& info) {
-                           return "n" + std::to_string(info.param);
+                           return std::string("n").append(std::to_string(info.param));
                          });
 
 TEST(Collectives, AlgorithmsAgreeBitForBitOnInexactData) {

@@ -232,6 +232,7 @@ class Checker:
             if not para:
                 return
             joined = " ".join(t for _, t in para)
+            reported: set[int] = set()
             for pattern in HISTORY_PHRASES:
                 m = re.search(pattern, joined, re.IGNORECASE)
                 if m:
@@ -241,6 +242,9 @@ class Checker:
                             line_no = n
                             break
                         offset -= len(t) + 1
+                    if line_no in reported:
+                        continue
+                    reported.add(line_no)
                     self.error(doc, line_no, f"'{m.group(0).strip()}' tells history (write what is; "
                                "what changed goes in CHANGELOG.md)")
             para.clear()
@@ -497,8 +501,10 @@ class Checker:
             return
         dest, output, cmd = m.groups()
         with tempfile.TemporaryDirectory(prefix="cocemu-docs-") as tmp:
-            if self.run_shell(cmd, Path(tmp))[0] != 0:
-                self.error(doc, n, f"`{cmd}` failed")
+            status, out = self.run_shell(cmd, Path(tmp))
+            if status != 0:
+                tail = "\n".join(out.rstrip().split("\n")[-5:])
+                self.error(doc, n, f"`{cmd}` exited {status}:\n{tail}")
                 return
             produced = Path(tmp) / output
             if not produced.is_file():

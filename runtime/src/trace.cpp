@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iterator>
 #include <utility>
 #include <vector>
@@ -164,6 +165,22 @@ bool same_timeline(const RunResult& run, std::size_t a, std::size_t b) {
   return true;
 }
 
+std::size_t timeline_hash(const RunResult& run, std::size_t rank) {
+  const RankGraph& g = run.graph.ranks[rank];
+  std::size_t h = g.ops.size();
+  const auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (const std::string& lane : g.lane_names)
+    mix(std::hash<std::string>{}(lane));
+  for (const OpRecord& op : g.ops) {
+    const ScheduledOp& s = run.timeline.at({int(rank), op.index});
+    mix(std::hash<std::string>{}(op.name));
+    mix(std::size_t(op.lane) * 16 + std::size_t(op.cls));
+    mix(std::size_t(s.start_ns));
+    mix(std::size_t(s.end_ns));
+  }
+  return h;
+}
+
 /// A stretch of one rank's program in one segment: from its first device op's start to its last
 /// one's end (waits excluded; host ops only when the stretch has no device work).
 struct Band {
@@ -218,24 +235,29 @@ std::string fit_label(const std::string& name, int max_chars) {
 
 std::string svg_timeline(const RunResult& run, const std::string& title, const SvgOptions& opt) {
   constexpr double kLaneH = 18, kGroupHeaderH = 16, kGroupGap = 8, kBandH = 15, kRight = 40;
+  constexpr std::size_t kMaxBandEdges = 24;
   constexpr double kLabelCharPx = 6.4;  // 11 px sans-serif, a generous average glyph width
   constexpr double kOpCharPx = 5.4;     // 9 px
   const std::size_t n_ranks = run.graph.ranks.size();
   const std::int64_t span =
       std::max<std::int64_t>({run.timeline.makespan_ns(), opt.span_ns, std::int64_t(1)});
 
-  // Groups of ranks with identical timelines (each drawn once).
+  // Groups of ranks with identical timelines (each drawn once); a hash of each rank's timeline
+  // picks the candidates, so a large run compares each rank in full with few others.
   std::vector<std::vector<int>> groups;
+  std::vector<std::size_t> group_hash;
   for (std::size_t r = 0; r < n_ranks; ++r) {
+    const std::size_t h = opt.collapse_identical_ranks ? timeline_hash(run, r) : 0;
     bool placed = false;
-    if (opt.collapse_identical_ranks)
-      for (auto& g : groups)
-        if (same_timeline(run, std::size_t(g[0]), r)) {
-          g.push_back(int(r));
-          placed = true;
-          break;
-        }
-    if (!placed) groups.push_back({int(r)});
+    for (std::size_t g = 0; opt.collapse_identical_ranks && g < groups.size() && !placed; ++g)
+      if (group_hash[g] == h && same_timeline(run, std::size_t(groups[g][0]), r)) {
+        groups[g].push_back(int(r));
+        placed = true;
+      }
+    if (!placed) {
+      groups.push_back({int(r)});
+      group_hash.push_back(h);
+    }
   }
 
   // The left column fits the longest lane name.
@@ -309,10 +331,13 @@ std::string svg_timeline(const RunResult& run, const std::string& title, const S
       out += fmt::format(
           R"(<text class="segment-label" x="{:.1f}" y="{:.0f}" font-size="9" fill="#222">{}</text>)",
           x + 2, y + kBandH - 4, escape(label, true));
-    out += fmt::format(
-        R"(<line x1="{0:.2f}" y1="{1:.0f}" x2="{0:.2f}" y2="{2:.0f}" stroke="#aaa" stroke-width="0.6" stroke-dasharray="3,3"/></g>)"
-        "\n",
-        x, y + kBandH - 1, plot_bottom);
+    // Edges through the lanes while they stay few enough to read (a bench layer's six
+    // segments; not a training step's hundreds).
+    if (bands.size() <= kMaxBandEdges)
+      out += fmt::format(
+          R"(<line x1="{0:.2f}" y1="{1:.0f}" x2="{0:.2f}" y2="{2:.0f}" stroke="#aaa" stroke-width="0.6" stroke-dasharray="3,3"/>)",
+          x, y + kBandH - 1, plot_bottom);
+    out += "</g>\n";
   }
 
   auto color = [](OpClass c) {

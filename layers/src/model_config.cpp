@@ -57,8 +57,8 @@ ModelConfig load_model_config(const std::string& name) {
     std::error_code ec;
     COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
                      "model config", path);
-    COCEMU_CHECK_ARG(is_path || std::filesystem::exists(path, ec), "unknown model '{}'; {}", name,
-                     valid_names_hint(name, yaml_names_in(dir), dir));
+    COCEMU_CHECK_ARG(is_path || std::filesystem::exists(path, ec), "unknown model '{}' (no {}); {}",
+                     name, path, valid_names_hint(name, yaml_names_in(dir), dir));
   }
   std::ifstream in(path);
   COCEMU_CHECK_ARG(in.good(), "cannot open model config '{}'", path);

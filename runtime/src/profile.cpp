@@ -423,8 +423,8 @@ DeviceProfile load_named_profile(const std::string& name) {
   if (!is_config_path(name)) {
     std::error_code ec;
     const std::string dir = std::filesystem::path(path).parent_path().string();
-    COCEMU_CHECK_ARG(std::filesystem::exists(path, ec), "unknown device profile '{}'; {}", name,
-                     valid_names_hint(name, yaml_names_in(dir), dir));
+    COCEMU_CHECK_ARG(std::filesystem::exists(path, ec), "unknown device profile '{}' (no {}); {}",
+                     name, path, valid_names_hint(name, yaml_names_in(dir), dir));
   }
   return load_device_profile(path);
 }

@@ -570,7 +570,8 @@ TEST(BenchCli, MistypedModelNameListsTheValidOnes) {
   const std::string out = testing::run_command(
       std::string(COCEMU_BINARY) + " bench --dry-run --model llama-2-70b", &status);
   EXPECT_EQ(WEXITSTATUS(status), 2) << out;
-  EXPECT_NE(out.find("unknown model 'llama-2-70b'; valid names: "), std::string::npos) << out;
+  EXPECT_NE(out.find("unknown model 'llama-2-70b' (no "), std::string::npos) << out;
+  EXPECT_NE(out.find("models/llama-2-70b.yaml); valid names: "), std::string::npos) << out;
   EXPECT_NE(out.find("llama2-7b"), std::string::npos) << out;
   EXPECT_NE(out.find("(did you mean 'llama2-70b'?)"), std::string::npos) << out;
   const std::string profile =

@@ -1,5 +1,6 @@
 // `cocemu attention`: one context-parallel attention configuration on n ranks — from .npy inputs
-// to .npy outputs (real numerics), or shapes only (--dry-run) for full-size modeling, or the local
+// to .npy outputs (real numerics), or shapes only (--dry-run) for full-size modeling; every
+// algorithm and window for the request side by side (--compare, --sensitivity); or the local
 // attention speed benchmark (--bench).
 #include <nlohmann/json.hpp>
 
@@ -7,13 +8,16 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include <fmt/ranges.h>
 
 #include "cocemu/attention/context_parallel.h"
+#include "cocemu/bench/cp_compare.h"
 #include "cocemu/bench/sensitivity.h"
 #include "cocemu/collectives/ops.h"
+#include "cocemu/layers/model_config.h"
 #include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
@@ -31,49 +35,22 @@ struct AttnOpts {
   int cp = 4, window = 1, ulysses = 0, tp = 1;
   std::string algo = "megatron_cp_algo", mask = "causal", mask_file, layout = "bnsd";
   bool overlap = false, dry_run = false, bench = false, causal_bench = false, sensitivity = false;
+  bool compare = false, steps = false;
   std::int64_t batch = 1, heads = 8, kv_heads = 0, seq = 256, head_dim = 64;
-  std::string dtype = "f64", q, k, v, dout, out_dir, profile = "ascend-910b", trace, svg, json;
+  std::string dtype = "auto", q, k, v, dout, out_dir, profile = "ascend-910b", trace, svg, json;
+  std::string model;
   std::uint64_t seed = 1;
 };
 
-/// Modeled forward+backward time of one configuration (a dry run on cp ranks).
-std::int64_t modeled_ns(const CpConfig& c, const AttentionProblem& p,
-                        std::shared_ptr<const DeviceProfile> profile) {
-  WorldOptions wo;
-  wo.n_ranks = c.context_parallel_size;
-  wo.numerics = false;
-  wo.profile = std::move(profile);
-  const RunResult r = run(wo, [&](Rank& rank) {
-    Group world = Group::world(rank);
-    CpAttention attn(world, c, p);
-    const std::int64_t S = std::int64_t(attn.positions().size());
-    attn.forward(Tensor::shape_only({S, p.batch, p.heads * p.head_dim}, p.dtype),
-                 Tensor::shape_only({S, p.batch, p.kv_heads * p.head_dim}, p.dtype),
-                 Tensor::shape_only({S, p.batch, p.kv_heads * p.head_dim}, p.dtype));
-    attn.backward(Tensor::shape_only({S, p.batch, p.heads * p.head_dim}, p.dtype));
-  });
-  return r.timeline.makespan_ns();
-}
-
-/// The valid cp_window_size values of a configuration (1 and the divisors of the ring degree
-/// that MindSpeed's rules accept).
-std::vector<int> valid_windows(CpConfig c, const AttentionProblem& p) {
-  std::vector<int> out;
-  if (c.context_parallel_algo == "ulysses_cp_algo") return {1};
-  const int ring = c.context_parallel_algo == "hybrid_cp_algo"
-                       ? c.context_parallel_size / std::max(1, c.ulysses_degree_in_cp)
-                       : c.context_parallel_size;
-  for (int w = 1; w <= ring; ++w) {
-    if (ring % w) continue;
-    c.cp_window_size = w;
-    try {
-      validate(c, p);
-      out.push_back(w);
-    } catch (const Error&) {
-    }
-  }
-  return out;
-}
+/// The request as the ranks run it: MindSpeed's options, and the shapes of one TP rank.
+struct Request {
+  CpConfig config;  ///< tensor_model_parallel_size 1: `problem` holds one TP rank's heads
+  AttentionProblem problem;
+  int tp = 1;
+  std::int64_t heads = 0, kv_heads = 0;  ///< the model's (all TP ranks')
+  std::string shapes;                    ///< "B=1 S=32768 heads 64 (KV 8) / tp 1 ..." for headings
+  bool modeled_only = false;             ///< --dry-run, --compare or --sensitivity
+};
 
 Tensor load_sbh(const std::string& path, std::int64_t S, std::int64_t B, std::int64_t H,
                 std::int64_t D, DType dtype, const char* what) {
@@ -176,302 +153,451 @@ void run_bench(const AttnOpts& o) {
   }
 }
 
+/// Shapes: from --model (heads, KV heads and head size; its seq_length and micro_batch_size unless
+/// --seq / --batch are given) or from the flags. --heads and --kv-heads are the model's totals
+/// (Megatron's num_attention_heads and num_query_groups), divided by --tp as Megatron does.
+void resolve_shapes(AttnOpts& o, const CLI::App& sub, Request& r) {
+  if (!o.model.empty()) {
+    for (const char* flag : {"--heads", "--kv-heads", "--head-dim"})
+      COCEMU_CHECK_ARG(sub.count(flag) == 0,
+                       "{} conflicts with --model {}, which sets it; give one of the two", flag,
+                       o.model);
+    const layers::ModelConfig m = layers::load_model_config(o.model);
+    o.heads = m.num_attention_heads;
+    o.kv_heads = m.num_query_groups;
+    o.head_dim = m.hidden_size / m.num_attention_heads;
+    if (sub.count("--seq") == 0) o.seq = m.seq_length;
+    if (sub.count("--batch") == 0) o.batch = m.micro_batch_size;
+  }
+  const std::int64_t kv = o.kv_heads ? o.kv_heads : o.heads;
+  COCEMU_CHECK_ARG(o.heads % o.tp == 0 && kv % o.tp == 0,
+                   "--heads {} and --kv-heads {} are the model's totals (num_attention_heads, "
+                   "num_query_groups) and must be divisible by --tp {}, as Megatron requires",
+                   o.heads, kv, o.tp);
+  if (o.tp > 1)
+    std::fprintf(stderr,
+                 "cocemu: note: --heads %lld and --kv-heads %lld are the model's totals; with --tp "
+                 "%d each rank computes %lld query and %lld KV heads\n",
+                 (long long)o.heads, (long long)kv, o.tp, (long long)(o.heads / o.tp),
+                 (long long)(kv / o.tp));
+  r.tp = o.tp;
+  r.heads = o.heads;
+  r.kv_heads = kv;
+  r.modeled_only = o.dry_run || o.compare || o.sensitivity;
+  const std::string dtype_name = o.dtype == "auto" ? (r.modeled_only ? "bf16" : "f64") : o.dtype;
+  r.problem = {o.batch,    o.heads / o.tp,          kv / o.tp, o.seq,
+               o.head_dim, parse_dtype(dtype_name), nullptr,   0};
+  r.shapes = fmt::format(
+      "B={} S={} heads {} (KV {}){} D={} {}{}", o.batch, o.seq, o.heads, kv,
+      o.tp > 1 ? fmt::format(" / tp {} = {} (KV {}) per rank", o.tp, o.heads / o.tp, kv / o.tp)
+               : std::string(),
+      o.head_dim, dtype_name, o.model.empty() ? "" : ", model " + o.model);
+}
+
+/// MindSpeed's options; a flag the chosen algorithm would ignore is an error naming the conflict.
+void resolve_config(const AttnOpts& o, const CLI::App& sub, Request& r) {
+  CpConfig& c = r.config;
+  c.context_parallel_size = o.cp;
+  c.context_parallel_algo = o.algo;
+  c.cp_window_size = o.window;
+  c.use_cp_send_recv_overlap = o.overlap;
+  c.tensor_model_parallel_size = 1;  // the problem holds one TP rank's heads (check_cp_heads)
+  // MindSpeed reads ulysses_degree_in_cp for hybrid_cp_algo only (arguments.py,
+  // _validate_cp_args); the ring and Ulysses would silently run without it.
+  COCEMU_CHECK_ARG(o.ulysses == 0 || o.algo == "hybrid_cp_algo",
+                   "--ulysses-degree {} applies to --algo hybrid_cp_algo only; {} would ignore it "
+                   "(MindSpeed reads ulysses_degree_in_cp for hybrid_cp_algo): add --algo "
+                   "hybrid_cp_algo, or drop --ulysses-degree",
+                   o.ulysses, o.algo);
+  c.ulysses_degree_in_cp = o.ulysses;
+  // A mask file is a general mask: with --mask left out it selects one; with --mask causal it
+  // would be ignored.
+  const bool mask_given = sub.count("--mask") > 0;
+  COCEMU_CHECK_ARG(o.mask_file.empty() || !mask_given || o.mask == "general",
+                   "--mask-file {} is a general mask but --mask is {}; drop --mask (a mask file "
+                   "means --mask general) or the mask file",
+                   o.mask_file, o.mask);
+  c.attention_mask_type = o.mask_file.empty() ? o.mask : "general";
+  COCEMU_CHECK_ARG(o.layout == "bnsd" || o.layout == "sbh", "--layout '{}'; allowed: bnsd, sbh",
+                   o.layout);
+  c.megatron_cp_in_bnsd = o.layout == "bnsd";
+  if (c.attention_mask_type == "general") {
+    COCEMU_CHECK_ARG(!o.mask_file.empty(), "--mask general needs --mask-file");
+    Tensor m;
+    try {
+      m = read_npy(o.mask_file);
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("--mask-file: {}", e.what()));
+    }
+    const AttentionProblem& p = r.problem;
+    COCEMU_CHECK_ARG(
+        m.ndim() == 2 && m.size(0) == p.seq && m.size(1) == p.seq && m.dtype() == DType::i8,
+        "--mask-file {}: mask {} must be bool or uint8 [{}, {}] (true = visible)", o.mask_file,
+        m.describe(), p.seq, p.seq);
+    auto g = std::make_shared<GeneralMask>();
+    g->seq = p.seq;
+    const std::int8_t* mv = m.data<std::int8_t>();
+    for (std::int64_t i = 0; i < m.numel(); ++i) {
+      COCEMU_CHECK_ARG(mv[i] == 0 || mv[i] == 1,
+                       "--mask-file {}: element {} is {}; allowed 0 (hidden) or 1 (visible)",
+                       o.mask_file, i, int(mv[i]));
+      g->visible.push_back(mv[i] != 0);
+    }
+    r.problem.general_mask = g;
+  }
+  // --compare lists the request among the others, valid or not (with MindSpeed's reason).
+  if (o.compare || o.sensitivity) return;
+  bench::check_cp_heads(c, r.problem, r.tp);
+  validate(c, r.problem);
+}
+
+std::string describe_request(const Request& r, const std::string& profile) {
+  const CpConfig& c = r.config;
+  return fmt::format("cp {}, {}, mask {}, send/recv overlap {}, layout {}, profile {}",
+                     c.context_parallel_size, r.shapes, c.attention_mask_type,
+                     c.use_cp_send_recv_overlap ? "on" : "off",
+                     c.megatron_cp_in_bnsd ? "bnsd" : "sbh", profile);
+}
+
+/// --compare / --sensitivity: every algorithm and window for the request, modeled.
+void run_compare(const AttnOpts& o, const Request& r) {
+  for (auto [option, value] :
+       {std::pair{"--q", &o.q}, std::pair{"--k", &o.k}, std::pair{"--v", &o.v},
+        std::pair{"--dout", &o.dout}, std::pair{"--out-dir", &o.out_dir},
+        std::pair{"--trace", &o.trace}, std::pair{"--svg", &o.svg}})
+    COCEMU_CHECK_ARG(value->empty(),
+                     "{} '{}': --compare and --sensitivity model every configuration without "
+                     "numerics and draw none; run the configuration you want without them",
+                     option, *value);
+  COCEMU_CHECK_ARG(!o.steps,
+                   "--steps lists one run's kernels; --compare and --sensitivity make no such "
+                   "run: drop one of the two");
+  if (!o.json.empty()) check_output_file("--json", o.json);
+  const auto profile = std::make_shared<const DeviceProfile>(load_named_profile(o.profile));
+  bench::CpComparison cmp =
+      bench::cp_options(r.config, r.problem, profile->topology.devices_per_node, r.tp);
+  bench::model_options(cmp, r.problem, profile);
+  std::optional<bench::Sensitivity> sens;
+  if (o.sensitivity) {
+    std::fprintf(stderr,
+                 "cocemu: modeling %zu configurations on %zu variants of profile %s (each "
+                 "assumption x0.5 and x2)...\n",
+                 cmp.options.size(), 1 + 2 * profile->assumptions.size(), profile->name.c_str());
+    sens = bench::sensitivity(*profile, [&](std::shared_ptr<const DeviceProfile> p) {
+      bench::CpComparison scaled = cmp;
+      bench::model_options(scaled, r.problem, std::move(p));
+      return bench::cp_conclusions(scaled);
+    });
+  }
+  const std::string heading = fmt::format(
+      "# cocemu attention --compare: {} (modeled: shapes only, numerics skipped; forward + "
+      "backward of one attention; hybrid keeps its Ulysses all-to-all inside a node of {})",
+      describe_request(r, profile->name), cmp.devices_per_node);
+  std::fputs(bench::format_cp_comparison(cmp, heading, sens ? &*sens : nullptr).c_str(), stdout);
+  if (sens) std::fputs(bench::format_sensitivity(*sens).c_str(), stdout);
+  if (!o.json.empty()) {
+    nlohmann::json j{{"dry_run", true}, {"comparison", bench::to_json(cmp)}};
+    if (sens) j["sensitivity"] = bench::to_json(*sens);
+    write_file("--json", o.json, j.dump(2) + "\n");
+  }
+}
+
+/// One configuration: real numerics (npy in and out) or a dry run.
+void run_one(const AttnOpts& o, const Request& r) {
+  const CpConfig& c = r.config;
+  const AttentionProblem& p = r.problem;
+  const DType dtype = p.dtype;
+  const bool numerics = !o.dry_run;
+  // A dry run models shapes only: inputs it would ignore are an error, not a silent no-op.
+  for (auto [option, path] : {std::pair{"--q", &o.q}, std::pair{"--k", &o.k},
+                              std::pair{"--v", &o.v}, std::pair{"--dout", &o.dout}})
+    COCEMU_CHECK_ARG(numerics || path->empty(),
+                     "{} '{}': --dry-run models shapes only and would ignore this input; drop "
+                     "one of the two",
+                     option, *path);
+  // Outputs are checked before the run, not after it.
+  if (!o.out_dir.empty()) {
+    COCEMU_CHECK_ARG(numerics, "--out-dir needs real numerics (not --dry-run)");
+    check_output_dir("--out-dir", o.out_dir);
+  }
+  for (auto [option, path] :
+       {std::pair{"--json", &o.json}, std::pair{"--trace", &o.trace}, std::pair{"--svg", &o.svg}})
+    if (!path->empty()) check_output_file(option, *path);
+  if (numerics) {
+    COCEMU_CHECK_ARG(dtype == DType::f32 || dtype == DType::f64,
+                     "--dtype {}: real numerics run in f32 or f64 (bf16 and f16 with --dry-run)",
+                     o.dtype);
+    // q, k, v, dout, out, dq, dk, dv, plus each rank's shards, kernel layouts and blocks.
+    const std::string what = fmt::format(
+        "attention with --batch {} --seq {} --heads {} "
+        "--head-dim {}",
+        p.batch, p.seq, r.heads, p.head_dim);
+    const std::int64_t elems =
+        checked_mul(checked_mul(p.batch, p.seq, what), p.heads * p.head_dim, what);
+    check_fits_in_memory(checked_mul(elems, 16 * std::int64_t(size_of(dtype)), what), what);
+  }
+  Tensor q, k, v, dout;
+  if (numerics) {
+    q = o.q.empty() ? random_sbh(p.seq, p.batch, p.heads, p.head_dim, dtype, o.seed)
+                    : load_sbh(o.q, p.seq, p.batch, p.heads, p.head_dim, dtype, "q");
+    k = o.k.empty() ? random_sbh(p.seq, p.batch, p.kv_heads, p.head_dim, dtype, o.seed + 1)
+                    : load_sbh(o.k, p.seq, p.batch, p.kv_heads, p.head_dim, dtype, "k");
+    v = o.v.empty() ? random_sbh(p.seq, p.batch, p.kv_heads, p.head_dim, dtype, o.seed + 2)
+                    : load_sbh(o.v, p.seq, p.batch, p.kv_heads, p.head_dim, dtype, "v");
+    dout = o.dout.empty() ? random_sbh(p.seq, p.batch, p.heads, p.head_dim, dtype, o.seed + 3)
+                          : load_sbh(o.dout, p.seq, p.batch, p.heads, p.head_dim, dtype, "dout");
+  } else {
+    q = Tensor::shape_only({p.seq, p.batch, p.heads * p.head_dim}, dtype);
+    k = Tensor::shape_only({p.seq, p.batch, p.kv_heads * p.head_dim}, dtype);
+    v = k;
+    dout = q;
+  }
+  Tensor out = numerics ? Tensor::zeros(q.shape(), dtype) : Tensor();
+  Tensor dq = numerics ? Tensor::zeros(q.shape(), dtype) : Tensor();
+  Tensor dk = numerics ? Tensor::zeros(k.shape(), dtype) : Tensor();
+  Tensor dv = numerics ? Tensor::zeros(k.shape(), dtype) : Tensor();
+  Tensor lse = numerics ? Tensor::zeros({p.batch, p.heads, p.seq}, dtype) : Tensor();
+  WorldOptions wo;
+  wo.n_ranks = o.cp;
+  wo.numerics = numerics;
+  wo.profile = std::make_shared<const DeviceProfile>(load_named_profile(o.profile));
+  std::mutex mu;
+  std::vector<std::uint32_t> boundary(std::size_t(o.cp), 0);  // first backward op, by rank
+  std::vector<TransferRecord> fwd_xfer, bwd_xfer;
+  RunResult run_result = run(wo, [&](Rank& rank) {
+    Group world = Group::world(rank);
+    CpAttention attn(world, c, p);
+    const auto& pos = attn.positions();
+    rank.set_segment("attention forward");
+    auto res = attn.forward(rows_of(q, pos), rows_of(k, pos), rows_of(v, pos));
+    const auto fx = attn.transfers();
+    const std::uint32_t b = std::uint32_t(rank.graph().ops.size());
+    rank.set_segment("attention backward");
+    auto g = attn.backward(rows_of(dout, pos));
+    rank.set_segment("");
+    std::lock_guard lock(mu);
+    boundary[std::size_t(rank.id())] = b;
+    if (rank.id() == 0) {
+      fwd_xfer = fx;
+      bwd_xfer = attn.transfers();
+    }
+    if (!numerics) return;
+    const std::size_t e = size_of(dtype), Sl = pos.size();
+    for (std::size_t i = 0; i < Sl; ++i) {
+      const auto t = std::int64_t(i);
+      out.rows(pos[i], pos[i] + 1).copy_from(res.out.rows(t, t + 1));
+      dq.rows(pos[i], pos[i] + 1).copy_from(g.dq.rows(t, t + 1));
+      dk.rows(pos[i], pos[i] + 1).copy_from(g.dk.rows(t, t + 1));
+      dv.rows(pos[i], pos[i] + 1).copy_from(g.dv.rows(t, t + 1));
+      for (std::int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+        std::memcpy(static_cast<std::byte*>(lse.raw()) +
+                        (std::size_t(bh * p.seq) + std::size_t(pos[i])) * e,
+                    static_cast<const std::byte*>(res.lse.raw()) + (std::size_t(bh) * Sl + i) * e,
+                    e);
+    }
+  });
+  // Modeled report. The ranks of a causal ring run different blocks (the first gets later
+  // ranks' blocks cut to half their queries), so each pass is reported from the rank that ends
+  // it: its time, its compute and what of its time no compute covers.
+  const bench::CpPassTimes t = bench::cp_pass_times(run_result, boundary);
+  std::printf("# cocemu attention: %s (%s, window %d%s), %s%s\n", bench::cp_label(c).c_str(),
+              c.context_parallel_algo.c_str(), c.cp_window_size,
+              c.context_parallel_algo == "hybrid_cp_algo"
+                  ? fmt::format(", Ulysses degree {}", c.ulysses_degree_in_cp).c_str()
+                  : "",
+              describe_request(r, wo.profile->name).c_str(),
+              numerics ? "" : "  [DRY RUN: shapes only, numerics skipped]");
+  std::printf(
+      "modeled forward  %12.1f us   compute %12.1f us   exposed comm %12.1f us   (rank %d, "
+      "the last to finish)\n",
+      t.forward_ns / 1e3, t.forward_compute_ns / 1e3, (t.forward_ns - t.forward_compute_ns) / 1e3,
+      t.forward_rank);
+  std::printf(
+      "modeled backward %12.1f us   compute %12.1f us   exposed comm %12.1f us   (rank %d, "
+      "the last to finish)\n",
+      t.backward_ns / 1e3, t.backward_compute_ns / 1e3,
+      (t.backward_ns - t.backward_compute_ns) / 1e3, t.backward_rank);
+  std::uint64_t fb = 0, bb = 0;
+  for (const auto& x : fwd_xfer)
+    fb += x.bytes;
+  for (const auto& x : bwd_xfer)
+    bb += x.bytes;
+  std::printf("rank 0 sent: forward %s in %zu steps, backward %s in %zu steps\n",
+              format_bytes(fb).c_str(), fwd_xfer.size(), format_bytes(bb).c_str(), bwd_xfer.size());
+  std::printf("host wall time %.1f ms%s\n", run_result.wall_ns / 1e6, numerics ? "" : " (dry run)");
+  if (o.steps) {
+    std::printf("rank 0 steps:  %-8s %-44s %12s %12s\n", "lane", "op", "start us", "dur us");
+    for (const OpRecord& op : run_result.graph.ranks[0].ops) {
+      if (!((op.lane == 1 && op.name.rfind("attn ", 0) == 0) ||
+            (op.lane != 0 && op.cls == OpClass::comm)))
+        continue;
+      const ScheduledOp& s = run_result.timeline.at({0, op.index});
+      std::printf("  %-8s %-44s %12.1f %12.1f\n", op.lane == 1 ? "compute" : "comm",
+                  op.name.c_str(), s.start_ns / 1e3, (s.end_ns - s.start_ns) / 1e3);
+    }
+  } else {
+    std::printf(
+        "(--steps lists rank 0's kernels and transfers; --compare models every algorithm and "
+        "window for this request)\n");
+  }
+  if (!o.trace.empty()) write_chrome_trace(run_result, o.trace);
+  if (!o.svg.empty())
+    write_svg_timeline(
+        run_result, o.svg,
+        fmt::format("cocemu attention: {} ({}) — cp {}, S={}, {} heads (KV {}) "
+                    "per rank, {} mask, overlap {}",
+                    bench::cp_label(c), c.context_parallel_algo, c.context_parallel_size, p.seq,
+                    p.heads, p.kv_heads, c.attention_mask_type,
+                    c.use_cp_send_recv_overlap ? "on" : "off"));
+  if (!o.out_dir.empty()) {
+    auto four_d = [&](const Tensor& x, std::int64_t H) {
+      return x.reshape({p.seq, p.batch, H, p.head_dim});
+    };
+    write_npy(o.out_dir + "/out.npy", four_d(out, p.heads));
+    write_npy(o.out_dir + "/lse.npy", lse);
+    write_npy(o.out_dir + "/dq.npy", four_d(dq, p.heads));
+    write_npy(o.out_dir + "/dk.npy", four_d(dk, p.kv_heads));
+    write_npy(o.out_dir + "/dv.npy", four_d(dv, p.kv_heads));
+    std::printf("wrote %s/{out,lse,dq,dk,dv}.npy\n", o.out_dir.c_str());
+  }
+  if (!o.json.empty())
+    write_file("--json", o.json,
+               nlohmann::json{{"dry_run", !numerics},
+                              {"configuration", bench::cp_label(c)},
+                              {"heads_per_rank", p.heads},
+                              {"kv_heads_per_rank", p.kv_heads},
+                              {"tp", r.tp},
+                              {"head_dim", p.head_dim},
+                              {"seq", p.seq},
+                              {"batch", p.batch},
+                              {"dtype", name_of(dtype)},
+                              {"forward_ns", t.forward_ns},
+                              {"backward_ns", t.backward_ns},
+                              {"forward_exposed_comm_ns", t.forward_ns - t.forward_compute_ns},
+                              {"backward_exposed_comm_ns", t.backward_ns - t.backward_compute_ns},
+                              {"wall_ns", run_result.wall_ns}}
+                       .dump(2) +
+                   "\n");
+}
+
 }  // namespace
 
 void add_attention(CLI::App& app) {
   auto o = std::make_shared<AttnOpts>();
   CLI::App* sub = app.add_subcommand(
       "attention",
-      "run one context-parallel attention configuration (npy in/out, --dry-run, --bench)");
-  number(sub, "--cp", o->cp, "context_parallel_size (= ranks)", 1, 64);
-  sub->add_option("--algo", o->algo, "ulysses_cp_algo | megatron_cp_algo | hybrid_cp_algo")
+      "context-parallel attention: one configuration (npy in/out, or --dry-run for modeled "
+      "times), every algorithm and window side by side (--compare, --sensitivity), or the local "
+      "kernel benchmark (--bench)");
+  // What to run.
+  number(sub, "--cp", o->cp, "context_parallel_size: ranks the sequence is split over", 1, 64);
+  sub->add_option("--algo", o->algo,
+                  "context_parallel_algo: megatron_cp_algo (ring; double ring with --window > 1) "
+                  "| ulysses_cp_algo | hybrid_cp_algo (Ulysses inside, ring across)")
       ->capture_default_str();
-  sub->add_option("--window", o->window, "cp_window_size (double ring when > 1)")
+  sub->add_option("--window", o->window,
+                  "cp_window_size: ranks in the inner ring of a double ring (1 = plain ring); "
+                  "must divide the ring size and be smaller")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  sub->add_option("--ulysses-degree", o->ulysses, "ulysses_degree_in_cp (hybrid)")
+  sub->add_option("--ulysses-degree", o->ulysses,
+                  "ulysses_degree_in_cp: Ulysses ranks inside hybrid_cp_algo (0 = not set; "
+                  "other algorithms refuse it)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  sub->add_option("--tp", o->tp, "tensor_model_parallel_size (validation only)")
+  sub->add_option("--tp", o->tp,
+                  "tensor_model_parallel_size: --heads and --kv-heads are divided by it, as "
+                  "Megatron splits heads over TP ranks")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  sub->add_option("--mask", o->mask, "attention_mask_type: causal | general")
+  sub->add_option("--mask", o->mask,
+                  "attention_mask_type: causal | general (general needs --mask-file; a mask file "
+                  "alone means general)")
       ->capture_default_str();
   sub->add_option("--mask-file", o->mask_file,
-                  "general mask, .npy bool/uint8 [S, S] (true = visible)");
-  sub->add_flag("--overlap", o->overlap, "use_cp_send_recv_overlap");
-  sub->add_option("--layout", o->layout, "kernel layout: bnsd (megatron_cp_in_bnsd) | sbh")
+                  "general mask: .npy bool or uint8 [seq, seq], true = the query (row) sees the "
+                  "key (column)");
+  sub->add_flag("--overlap", o->overlap,
+                "use_cp_send_recv_overlap: ring sends and receives on separate communicators");
+  sub->add_option("--layout", o->layout,
+                  "kernel layout: bnsd (megatron_cp_in_bnsd) | sbh; tensors are stored SBH")
       ->capture_default_str();
-  number(sub, "--batch", o->batch, "", std::int64_t(1), std::int64_t(1) << 20);
-  number(sub, "--heads", o->heads, "", std::int64_t(1), std::int64_t(1) << 16);
-  number(sub, "--kv-heads", o->kv_heads, "0 = heads", std::int64_t(0), std::int64_t(1) << 16);
-  number(sub, "--seq", o->seq, "", std::int64_t(1), std::int64_t(1) << 24);
-  number(sub, "--head-dim", o->head_dim, "", std::int64_t(1), std::int64_t(1) << 12);
-  sub->add_option("--dtype", o->dtype, "f64 | f32 (bf16 with --dry-run)")->capture_default_str();
-  sub->add_option("--q", o->q, ".npy [S, B, H, D]");
-  sub->add_option("--k", o->k, ".npy [S, B, Hkv, D]");
-  sub->add_option("--v", o->v, ".npy [S, B, Hkv, D]");
-  sub->add_option("--dout", o->dout, ".npy [S, B, H, D]");
-  sub->add_option("--seed", o->seed, "seed of random inputs when no .npy is given")
+  // Shapes.
+  sub->add_option("--model", o->model,
+                  "model config (name under configs/models/ or a path): sets --heads, --kv-heads "
+                  "and --head-dim, and --seq / --batch unless given");
+  number(sub, "--batch", o->batch, "micro-batch size (sequences)", std::int64_t(1),
+         std::int64_t(1) << 20);
+  number(sub, "--heads", o->heads,
+         "attention heads of the model, all TP ranks together (Megatron's num_attention_heads); "
+         "each rank computes heads / --tp",
+         std::int64_t(1), std::int64_t(1) << 16);
+  number(sub, "--kv-heads", o->kv_heads,
+         "KV heads of the model, all TP ranks together (num_query_groups; GQA/MQA when fewer "
+         "than --heads); 0 = as many as --heads",
+         std::int64_t(0), std::int64_t(1) << 16);
+  number(sub, "--seq", o->seq,
+         "sequence length in tokens (the whole sequence, before the CP split)", std::int64_t(1),
+         std::int64_t(1) << 24);
+  number(sub, "--head-dim", o->head_dim, "head size (elements per head)", std::int64_t(1),
+         std::int64_t(1) << 12);
+  sub->add_option("--dtype", o->dtype,
+                  "f64 | f32 | bf16 | f16; auto = f64 for real numerics (exact checks), bf16 when "
+                  "modeled only (--dry-run, --compare, --sensitivity); bf16/f16 are modeled only")
+      ->capture_default_str();
+  // Inputs and outputs of a real-numerics run.
+  sub->add_option("--q", o->q, "query input, .npy [seq, batch, heads per rank, head-dim]");
+  sub->add_option("--k", o->k, "key input, .npy [seq, batch, KV heads per rank, head-dim]");
+  sub->add_option("--v", o->v, "value input, .npy [seq, batch, KV heads per rank, head-dim]");
+  sub->add_option("--dout", o->dout,
+                  "output gradient, .npy [seq, batch, heads per rank, head-dim]");
+  sub->add_option("--seed", o->seed, "seed of the random inputs used when no .npy is given")
       ->check(CLI::Range(std::uint64_t(0), std::uint64_t(INT64_MAX)))
       ->capture_default_str();
-  sub->add_option("--out-dir", o->out_dir, "write out, lse, dq, dk, dv as .npy here");
-  sub->add_option("--profile", o->profile, "device profile")->capture_default_str();
-  sub->add_flag("--dry-run", o->dry_run, "shapes only: numerics skipped, modeled times reported");
-  sub->add_option("--trace", o->trace, "write the modeled Chrome trace JSON here");
-  sub->add_option("--svg", o->svg, "write the SVG timeline here");
-  sub->add_flag(
-      "--bench", o->bench,
-      "local f32 flash attention forward vs sgemm (use --seq 4096 --head-dim 128 --heads 8)");
-  sub->add_flag("--causal-bench", o->causal_bench, "benchmark with a causal mask");
-  sub->add_option("--json", o->json, "write results as JSON");
+  sub->add_option("--out-dir", o->out_dir,
+                  "write out, lse, dq, dk, dv here as .npy (out/dq/dk/dv [seq, batch, heads, "
+                  "head-dim], lse [batch, heads, seq])");
+  sub->add_option("--profile", o->profile,
+                  "device profile (name under configs/devices/ or a path): prices the modeled "
+                  "times")
+      ->capture_default_str();
+  sub->add_flag("--dry-run", o->dry_run,
+                "shapes only: numerics skipped, modeled times in microseconds reported");
+  sub->add_flag("--steps", o->steps,
+                "list rank 0's kernels and transfers with modeled start and duration (us)");
+  sub->add_option("--trace", o->trace, "write the modeled Chrome trace JSON (Perfetto) here");
+  sub->add_option("--svg", o->svg,
+                  "write the SVG timeline here (forward and backward marked as bands)");
+  sub->add_option("--json", o->json,
+                  "write results as JSON: times in ns (forward_ns, backward_ns, …; with --compare "
+                  "every configuration)");
+  // Choosing.
+  sub->add_flag("--compare", o->compare,
+                "model every algorithm and window MindSpeed accepts for this request — ring, each "
+                "double-ring window, Ulysses, hybrid with each Ulysses degree inside a node — "
+                "and print forward/backward ms of each, the best marked, with its flags");
   sub->add_flag("--sensitivity", o->sensitivity,
-                "model every valid cp_window_size with each assumption of the profile scaled "
-                "x0.5 and x2, and report whether the best window flips");
-  sub->callback([o] {
-    if (o->bench) return run_bench(*o);
-    const DType dtype = parse_dtype(o->dtype);
-    CpConfig c;
-    c.context_parallel_size = o->cp;
-    c.context_parallel_algo = o->algo;
-    c.cp_window_size = o->window;
-    c.ulysses_degree_in_cp = o->ulysses;
-    c.attention_mask_type = o->mask;
-    c.use_cp_send_recv_overlap = o->overlap;
-    COCEMU_CHECK_ARG(o->layout == "bnsd" || o->layout == "sbh", "--layout '{}'; allowed: bnsd, sbh",
-                     o->layout);
-    c.megatron_cp_in_bnsd = o->layout == "bnsd";
-    c.tensor_model_parallel_size = o->tp;
-    AttentionProblem p{
-        o->batch, o->heads, o->kv_heads ? o->kv_heads : o->heads, o->seq, o->head_dim, dtype,
-        nullptr,  0};
-    if (o->mask == "general") {
-      COCEMU_CHECK_ARG(!o->mask_file.empty(), "--mask general needs --mask-file");
-      Tensor m;
-      try {
-        m = read_npy(o->mask_file);
-      } catch (const Error& e) {
-        throw Error(e.code(), fmt::format("--mask-file: {}", e.what()));
-      }
-      COCEMU_CHECK_ARG(
-          m.ndim() == 2 && m.size(0) == p.seq && m.size(1) == p.seq && m.dtype() == DType::i8,
-          "--mask-file {}: mask {} must be bool or uint8 [{}, {}] (true = visible)", o->mask_file,
-          m.describe(), p.seq, p.seq);
-      auto g = std::make_shared<GeneralMask>();
-      g->seq = p.seq;
-      const std::int8_t* mv = m.data<std::int8_t>();
-      for (std::int64_t i = 0; i < m.numel(); ++i) {
-        COCEMU_CHECK_ARG(mv[i] == 0 || mv[i] == 1,
-                         "--mask-file {}: element {} is {}; allowed 0 (hidden) or 1 (visible)",
-                         o->mask_file, i, int(mv[i]));
-        g->visible.push_back(mv[i] != 0);
-      }
-      p.general_mask = g;
+                "--compare, and model it again with each assumption of the profile scaled x0.5 "
+                "and x2: says whether the best configuration (and each best window) changes");
+  // The kernel benchmark.
+  sub->add_flag("--bench", o->bench,
+                "local f32 flash attention forward vs sgemm on this host, GFLOP/s (use --seq 4096 "
+                "--head-dim 128 --heads 8)");
+  sub->add_flag("--causal-bench", o->causal_bench, "benchmark with a causal mask");
+  sub->callback([o, sub] {
+    if (o->bench) {
+      for (const char* other : {"--model", "--compare", "--sensitivity", "--dry-run"})
+        COCEMU_CHECK_ARG(sub->count(other) == 0,
+                         "--bench times the local kernel on this host with --seq, --heads and "
+                         "--head-dim; {} does not apply to it",
+                         other);
+      return run_bench(*o);
     }
-    validate(c, p);
-    if (o->sensitivity) {
-      // The choice at stake: the window (double ring) for this algorithm, degree and shape.
-      const std::vector<int> windows = valid_windows(c, p);
-      AttentionProblem shapes = p;
-      shapes.general_mask = nullptr;  // the cost model prices masks by visible pairs only
-      CpConfig sc = c;
-      if (sc.attention_mask_type == "general") sc.attention_mask_type = "causal";
-      const auto analyse = [&](std::shared_ptr<const DeviceProfile> prof) {
-        int best = windows.front();
-        std::int64_t best_ns = -1;
-        for (int w : windows) {
-          sc.cp_window_size = w;
-          const std::int64_t ns = modeled_ns(sc, shapes, prof);
-          if (best_ns < 0 || ns < best_ns) best = w, best_ns = ns;
-        }
-        return bench::Conclusions{{"best cp_window_size", std::to_string(best)}};
-      };
-      const auto profile = load_named_profile(o->profile);
-      const bench::Sensitivity sens = bench::sensitivity(profile, analyse);
-      std::printf("# cocemu attention --sensitivity: %s cp=%d, windows %s, profile %s (modeled)\n",
-                  c.context_parallel_algo.c_str(), c.context_parallel_size,
-                  fmt::format("{}", fmt::join(windows, ", ")).c_str(), profile.name.c_str());
-      std::printf("best cp_window_size %s%s\n", sens.base.at("best cp_window_size").c_str(),
-                  sens.fragile("best cp_window_size").empty()
-                      ? " (robust)"
-                      : ("  [fragile: " + sens.fragile("best cp_window_size") + "]").c_str());
-      std::fputs(bench::format_sensitivity(sens).c_str(), stdout);
-      if (!o->json.empty())
-        write_file(
-            "--json", o->json,
-            nlohmann::json{{"dry_run", true}, {"sensitivity", bench::to_json(sens)}}.dump(2) +
-                "\n");
-      return;
-    }
-    const bool numerics = !o->dry_run;
-    // A dry run models shapes only: inputs it would ignore are an error, not a silent no-op.
-    for (auto [option, path] : {std::pair{"--q", &o->q}, std::pair{"--k", &o->k},
-                                std::pair{"--v", &o->v}, std::pair{"--dout", &o->dout}})
-      COCEMU_CHECK_ARG(numerics || path->empty(),
-                       "{} '{}': --dry-run models shapes only and would ignore this input; drop "
-                       "one of the two",
-                       option, *path);
-    // Outputs are checked before the run, not after it.
-    if (!o->out_dir.empty()) {
-      COCEMU_CHECK_ARG(numerics, "--out-dir needs real numerics (not --dry-run)");
-      check_output_dir("--out-dir", o->out_dir);
-    }
-    for (auto [option, path] : {std::pair{"--json", &o->json}, std::pair{"--trace", &o->trace},
-                                std::pair{"--svg", &o->svg}})
-      if (!path->empty()) check_output_file(option, *path);
-    if (numerics) {
-      COCEMU_CHECK_ARG(dtype == DType::f32 || dtype == DType::f64,
-                       "--dtype {}: real numerics run in f32 or f64 (bf16 and f16 with --dry-run)",
-                       o->dtype);
-      // q, k, v, dout, out, dq, dk, dv, plus each rank's shards, kernel layouts and blocks.
-      const std::string what = fmt::format(
-          "attention with --batch {} --seq {} --heads {} "
-          "--head-dim {}",
-          p.batch, p.seq, p.heads, p.head_dim);
-      const std::int64_t elems =
-          checked_mul(checked_mul(p.batch, p.seq, what), p.heads * p.head_dim, what);
-      check_fits_in_memory(checked_mul(elems, 16 * std::int64_t(size_of(dtype)), what), what);
-    }
-    Tensor q, k, v, dout;
-    if (numerics) {
-      q = o->q.empty() ? random_sbh(p.seq, p.batch, p.heads, p.head_dim, dtype, o->seed)
-                       : load_sbh(o->q, p.seq, p.batch, p.heads, p.head_dim, dtype, "q");
-      k = o->k.empty() ? random_sbh(p.seq, p.batch, p.kv_heads, p.head_dim, dtype, o->seed + 1)
-                       : load_sbh(o->k, p.seq, p.batch, p.kv_heads, p.head_dim, dtype, "k");
-      v = o->v.empty() ? random_sbh(p.seq, p.batch, p.kv_heads, p.head_dim, dtype, o->seed + 2)
-                       : load_sbh(o->v, p.seq, p.batch, p.kv_heads, p.head_dim, dtype, "v");
-      dout = o->dout.empty()
-                 ? random_sbh(p.seq, p.batch, p.heads, p.head_dim, dtype, o->seed + 3)
-                 : load_sbh(o->dout, p.seq, p.batch, p.heads, p.head_dim, dtype, "dout");
-    } else {
-      q = Tensor::shape_only({p.seq, p.batch, p.heads * p.head_dim}, dtype);
-      k = Tensor::shape_only({p.seq, p.batch, p.kv_heads * p.head_dim}, dtype);
-      v = k;
-      dout = q;
-    }
-    Tensor out = numerics ? Tensor::zeros(q.shape(), dtype) : Tensor();
-    Tensor dq = numerics ? Tensor::zeros(q.shape(), dtype) : Tensor();
-    Tensor dk = numerics ? Tensor::zeros(k.shape(), dtype) : Tensor();
-    Tensor dv = numerics ? Tensor::zeros(k.shape(), dtype) : Tensor();
-    Tensor lse = numerics ? Tensor::zeros({p.batch, p.heads, p.seq}, dtype) : Tensor();
-    WorldOptions wo;
-    wo.n_ranks = o->cp;
-    wo.numerics = numerics;
-    wo.profile = std::make_shared<const DeviceProfile>(load_named_profile(o->profile));
-    std::mutex mu;
-    std::vector<std::uint32_t> boundary(std::size_t(o->cp), 0);  // first backward op, by rank
-    std::vector<TransferRecord> fwd_xfer, bwd_xfer;
-    RunResult r = run(wo, [&](Rank& rank) {
-      Group world = Group::world(rank);
-      CpAttention attn(world, c, p);
-      const auto& pos = attn.positions();
-      auto res = attn.forward(rows_of(q, pos), rows_of(k, pos), rows_of(v, pos));
-      const auto fx = attn.transfers();
-      const std::uint32_t b = std::uint32_t(rank.graph().ops.size());
-      auto g = attn.backward(rows_of(dout, pos));
-      std::lock_guard lock(mu);
-      boundary[std::size_t(rank.id())] = b;
-      if (rank.id() == 0) {
-        fwd_xfer = fx;
-        bwd_xfer = attn.transfers();
-      }
-      if (!numerics) return;
-      const std::size_t e = size_of(dtype), Sl = pos.size();
-      for (std::size_t i = 0; i < Sl; ++i) {
-        const auto t = std::int64_t(i);
-        out.rows(pos[i], pos[i] + 1).copy_from(res.out.rows(t, t + 1));
-        dq.rows(pos[i], pos[i] + 1).copy_from(g.dq.rows(t, t + 1));
-        dk.rows(pos[i], pos[i] + 1).copy_from(g.dk.rows(t, t + 1));
-        dv.rows(pos[i], pos[i] + 1).copy_from(g.dv.rows(t, t + 1));
-        for (std::int64_t bh = 0; bh < p.batch * p.heads; ++bh)
-          std::memcpy(static_cast<std::byte*>(lse.raw()) +
-                          (std::size_t(bh * p.seq) + std::size_t(pos[i])) * e,
-                      static_cast<const std::byte*>(res.lse.raw()) + (std::size_t(bh) * Sl + i) * e,
-                      e);
-      }
-    });
-    // Modeled report. The ranks of a causal ring run different blocks (the first gets later
-    // ranks' blocks cut to half their queries), so each pass is reported from the rank that ends
-    // it: its time, its compute and what of its time no compute covers. The steps are rank 0's.
-    struct PassEnd {
-      std::int64_t end = -1, busy = 0;
-      int rank = 0;
-    };
-    PassEnd fwd, all;
-    std::vector<std::string> steps;
-    for (int rk = 0; rk < o->cp; ++rk) {
-      std::int64_t fwd_end = 0, end = 0, fwd_busy = 0, bwd_busy = 0;
-      for (const OpRecord& op : r.graph.ranks[std::size_t(rk)].ops) {
-        const ScheduledOp& s = r.timeline.at({rk, op.index});
-        const bool forward = op.index < boundary[std::size_t(rk)];
-        if (forward) fwd_end = std::max(fwd_end, s.end_ns);
-        end = std::max(end, s.end_ns);
-        if (op.lane == 1 && op.cls == OpClass::compute)
-          (forward ? fwd_busy : bwd_busy) += s.end_ns - s.start_ns;
-        if (rk == 0 && ((op.lane == 1 && op.name.rfind("attn ", 0) == 0) ||
-                        (op.lane != 0 && op.cls == OpClass::comm)))
-          steps.push_back(fmt::format("  {:<8} {:<44} {:>12.1f} {:>12.1f}",
-                                      op.lane == 1 ? "compute" : "comm", op.name, s.start_ns / 1e3,
-                                      (s.end_ns - s.start_ns) / 1e3));
-      }
-      if (fwd_end > fwd.end) fwd = {fwd_end, fwd_busy, rk};
-      if (end > all.end) all = {end, bwd_busy, rk};
-    }
-    const std::int64_t fwd_end = fwd.end, fwd_busy = fwd.busy, bwd_busy = all.busy;
-    const std::int64_t bwd_time = all.end - fwd_end;
-    std::printf(
-        "# cocemu attention: %s cp=%d window=%d ulysses=%d mask=%s overlap=%s layout=%s, %s, "
-        "profile %s%s\n",
-        c.context_parallel_algo.c_str(), c.context_parallel_size, c.cp_window_size, o->ulysses,
-        c.attention_mask_type.c_str(), c.use_cp_send_recv_overlap ? "on" : "off", o->layout.c_str(),
-        fmt::format("B={} H={} Hkv={} S={} D={} {}", p.batch, p.heads, p.kv_heads, p.seq,
-                    p.head_dim, name_of(dtype))
-            .c_str(),
-        wo.profile->name.c_str(), numerics ? "" : "  [DRY RUN: shapes only, numerics skipped]");
-    std::printf(
-        "modeled forward  %12.1f us   compute %12.1f us   exposed comm %12.1f us   (rank %d, "
-        "the last to finish)\n",
-        fwd_end / 1e3, fwd_busy / 1e3, (fwd_end - fwd_busy) / 1e3, fwd.rank);
-    std::printf(
-        "modeled backward %12.1f us   compute %12.1f us   exposed comm %12.1f us   (rank %d, "
-        "the last to finish)\n",
-        bwd_time / 1e3, bwd_busy / 1e3, (bwd_time - bwd_busy) / 1e3, all.rank);
-    std::uint64_t fb = 0, bb = 0;
-    for (const auto& t : fwd_xfer)
-      fb += t.bytes;
-    for (const auto& t : bwd_xfer)
-      bb += t.bytes;
-    std::printf("rank 0 sent: forward %s in %zu steps, backward %s in %zu steps\n",
-                format_bytes(fb).c_str(), fwd_xfer.size(), format_bytes(bb).c_str(),
-                bwd_xfer.size());
-    std::printf("host wall time %.1f ms%s\n", r.wall_ns / 1e6, numerics ? "" : " (dry run)");
-    std::printf("rank 0 steps:  %-8s %-44s %12s %12s\n", "lane", "op", "start us", "dur us");
-    for (const auto& s : steps)
-      std::printf("%s\n", s.c_str());
-    if (!o->trace.empty()) write_chrome_trace(r, o->trace);
-    if (!o->svg.empty())
-      write_svg_timeline(r, o->svg, "cocemu attention " + c.context_parallel_algo);
-    if (!o->out_dir.empty()) {
-      auto four_d = [&](const Tensor& t, std::int64_t H) {
-        return t.reshape({p.seq, p.batch, H, p.head_dim});
-      };
-      write_npy(o->out_dir + "/out.npy", four_d(out, p.heads));
-      write_npy(o->out_dir + "/lse.npy", lse);
-      write_npy(o->out_dir + "/dq.npy", four_d(dq, p.heads));
-      write_npy(o->out_dir + "/dk.npy", four_d(dk, p.kv_heads));
-      write_npy(o->out_dir + "/dv.npy", four_d(dv, p.kv_heads));
-      std::printf("wrote %s/{out,lse,dq,dk,dv}.npy\n", o->out_dir.c_str());
-    }
-    if (!o->json.empty())
-      write_file("--json", o->json,
-                 nlohmann::json{{"dry_run", !numerics},
-                                {"forward_ns", fwd_end},
-                                {"backward_ns", bwd_time},
-                                {"forward_exposed_comm_ns", fwd_end - fwd_busy},
-                                {"backward_exposed_comm_ns", bwd_time - bwd_busy},
-                                {"wall_ns", r.wall_ns}}
-                         .dump(2) +
-                     "\n");
+    Request r;
+    resolve_shapes(*o, *sub, r);
+    resolve_config(*o, *sub, r);
+    if (o->compare || o->sensitivity) return run_compare(*o, r);
+    run_one(*o, r);
   });
 }
 

@@ -107,11 +107,14 @@ void add_bench(CLI::App& app) {
 
     const std::string json_path = o->json.empty() ? o->out_dir + "/bench.json" : o->json;
     std::printf("\n# outputs%s\n", c.dry_run ? " (dry run: modeled only)" : "");
+    SvgOptions svg;  // one x scale for every strategy's timeline, so they compare by eye
+    for (const bench::StrategyResult& s : r.strategies)
+      svg.span_ns = std::max(svg.span_ns, s.run.timeline.makespan_ns());
     for (const bench::StrategyResult& s : r.strategies) {
       const std::string base = o->out_dir + "/" + slug(s.name);
       write_chrome_trace(s.run, base + ".trace.json");
       write_svg_timeline(s.run, base + ".svg",
-                         fmt::format("cocemu bench: {} — {}", c.model, s.name));
+                         fmt::format("cocemu bench: {} — {}", c.model, s.name), svg);
       std::printf("%-12s trace %s.trace.json  timeline %s.svg\n", s.name.c_str(), base.c_str(),
                   base.c_str());
     }

@@ -196,8 +196,11 @@ void add_mlpbench(CLI::App& app) {
         "# floor = the same 6 GEMMs per rank run back to back by %d threads with plain "
         "single-threaded OpenBLAS\n",
         o->ranks);
-    std::printf("# OpenBLAS: %s; server threads started at load: %d; malloc from %s\n",
-                blas::config().c_str(), blas::threads_at_load() - 1, malloc_library().c_str());
+    std::printf("# OpenBLAS: %s; core %s; server threads started at load: %d; malloc from %s\n",
+                blas::config().c_str(), blas::core_name().c_str(), blas::threads_at_load() - 1,
+                malloc_library().c_str());
+    const std::string advice = blas::core_advice();
+    if (!advice.empty()) std::printf("# WARNING: %s\n", advice.c_str());
     std::printf("%-12s %12s %10s %14s %8s\n", "strategy", "wall ms", "x floor", "modeled us",
                 "bitwise");
     std::printf("# wall = median of %d repeats, interleaved with the floor's\n", o->repeats);
@@ -220,7 +223,9 @@ void add_mlpbench(CLI::App& app) {
                                 {"m", m},
                                 {"hidden", h},
                                 {"ffn", o->ffn},
-                                {"deterministic", !o->nondeterministic}}
+                                {"deterministic", !o->nondeterministic},
+                                {"openblas_core", blas::core_name()},
+                                {"openblas_core_advice", advice}}
                          .dump(2) +
                      "\n");
     }

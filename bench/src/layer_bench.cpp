@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
@@ -252,10 +254,73 @@ Verdict judge(const SegmentStats& serial, const SegmentStats& split) {
                       100.0 * (split.span_ns / serial.span_ns - 1), us(split.overlap_ns))};
 }
 
+const char* to_string(Recommendation::Use use) {
+  switch (use) {
+    case Recommendation::Use::yes:
+      return "yes";
+    case Recommendation::Use::without_fused:
+      return "without fused kernels";
+    case Recommendation::Use::no:
+      return "no";
+  }
+  return "?";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running
 
 namespace {
+
+bool is_script(const BenchConfig& c, std::size_t strategy) {
+  const layers::LinearOptions& o = c.strategies.at(strategy).options;
+  return o.strategy == Strategy::script && !o.per_shape;
+}
+
+/// Per segment, whether to use each strategy (Recommendation): by modeled span on rank 0.
+void recommend(BenchResult& r) {
+  const auto& base = r.strategies.at(0).segments;
+  const auto us = [](double ns) { return ns / 1e3; };
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    const double serial = base[k].span_ns;
+    const auto span = [&](std::size_t i) {
+      return k < r.strategies[i].segments.size() ? r.strategies[i].segments[k].span_ns
+                                                 : std::numeric_limits<double>::infinity();
+    };
+    std::size_t best = 0, best_script = 0;  // 0: serial / none
+    for (std::size_t i = 1; i < r.strategies.size(); ++i) {
+      if (span(i) < span(best)) best = i;
+      if (is_script(r.config, i) && (best_script == 0 || span(i) < span(best_script)))
+        best_script = i;
+    }
+    const auto vs_serial = [&](std::size_t i) { return 100.0 * (span(i) / serial - 1); };
+    for (std::size_t i = 1; i < r.strategies.size(); ++i) {
+      Recommendation rec;
+      if (k >= r.strategies[i].segments.size()) {
+        rec.text = "no: this strategy has no such segment";
+      } else if (span(i) <= span(best)) {
+        rec.use = Recommendation::Use::yes;
+        rec.text = fmt::format(
+            "use: the fastest on this segment, {:.1f} us vs serial {:.1f} us "
+            "({:+.1f}%)",
+            us(span(i)), us(serial), vs_serial(i));
+      } else if (span(i) >= serial) {
+        rec.text = fmt::format("no: not faster than serial ({:.1f} vs {:.1f} us)", us(span(i)),
+                               us(serial));
+      } else if (i == best_script) {
+        rec.use = Recommendation::Use::without_fused;
+        rec.text = fmt::format(
+            "use without fused kernels: the fastest script split, {:.1f} us ({:+.1f}% vs "
+            "serial); {} is {:.1f} us faster",
+            us(span(i)), vs_serial(i), r.strategies[best].name, us(span(i) - span(best)));
+      } else {
+        const std::size_t better = is_script(r.config, i) ? best_script : best;
+        rec.text = fmt::format("no: {} is faster ({:.1f} vs {:.1f} us)", r.strategies[better].name,
+                               us(span(better)), us(span(i)));
+      }
+      r.strategies[i].recommendations.push_back(std::move(rec));
+    }
+  }
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -385,6 +450,7 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
     }
     result.strategies.push_back(std::move(sr));
   }
+  recommend(result);
   return result;
 }
 
@@ -403,15 +469,47 @@ std::string describe(const BenchConfig& c) {
       l.sequence_parallel ? " with SP" : "", name_of(l.dtype), c.profile ? c.profile->name : "?");
 }
 
-/// Index of the non-serial strategy with the shortest span for segment `seg`.
-int best_for_segment(const BenchResult& r, std::size_t seg) {
-  int best = -1;
-  for (std::size_t i = 1; i < r.strategies.size(); ++i)
-    if (seg < r.strategies[i].segments.size() &&
-        (best < 0 || r.strategies[i].segments[seg].span_ns <
-                         r.strategies[std::size_t(best)].segments[seg].span_ns))
-      best = int(i);
-  return best;
+/// The strategies recommended for segment `seg`: the one to use (0 = serial) and the one to use
+/// without the fused kernels (-1 = none).
+std::pair<std::size_t, int> recommended(const BenchResult& r, std::size_t seg) {
+  std::size_t use = 0;
+  int script = -1;
+  for (std::size_t i = 1; i < r.strategies.size(); ++i) {
+    if (seg >= r.strategies[i].recommendations.size()) continue;
+    const Recommendation::Use u = r.strategies[i].recommendations[seg].use;
+    if (u == Recommendation::Use::yes && use == 0) use = i;
+    if (u == Recommendation::Use::without_fused) script = int(i);
+    if (u == Recommendation::Use::yes && script < 0 && is_script(r.config, i)) script = int(i);
+  }
+  return {use, script};
+}
+
+/// One line: what to use on segment `k`, and what without the fused kernels.
+std::string segment_advice(const BenchResult& r, std::size_t k) {
+  const auto& base = r.strategies.at(0).segments;
+  const double serial = base[k].span_ns;
+  const auto [use, script] = recommended(r, k);
+  const auto span = [&](std::size_t i) { return r.strategies[i].segments[k].span_ns; };
+  if (use == 0) {
+    std::size_t runner = 0;
+    for (std::size_t i = 1; i < r.strategies.size(); ++i)
+      if (k < r.strategies[i].segments.size() && (runner == 0 || span(i) < span(runner)))
+        runner = i;
+    return runner == 0
+               ? fmt::format("use serial ({:.1f} us)", serial / 1e3)
+               : fmt::format("use serial ({:.1f} us): no split is faster (best split {} {:.1f} us)",
+                             serial / 1e3, r.strategies[runner].name, span(runner) / 1e3);
+  }
+  std::string out =
+      fmt::format("use {}: {:.1f} us vs serial {:.1f} us ({:+.1f}%)", r.strategies[use].name,
+                  span(use) / 1e3, serial / 1e3, 100.0 * (span(use) / serial - 1));
+  if (script >= 0 && std::size_t(script) != use)
+    out += fmt::format("; without fused kernels: {} {:.1f} us ({:+.1f}%)",
+                       r.strategies[std::size_t(script)].name, span(std::size_t(script)) / 1e3,
+                       100.0 * (span(std::size_t(script)) / serial - 1));
+  else if (script < 0 && !is_script(r.config, use))
+    out += "; without fused kernels: serial (no script split is faster)";
+  return out;
 }
 
 }  // namespace
@@ -425,6 +523,10 @@ nlohmann::json to_json(const BenchResult& r) {
   j["config"] = describe(r.config);
   j["deterministic"] = r.config.deterministic;
   j["repeats"] = dry ? 0 : r.config.repeats;
+  if (!dry) {
+    j["openblas_core"] = blas::core_name();
+    j["openblas_core_advice"] = blas::core_advice();
+  }
   const double serial = double(r.strategies.at(0).modeled_ns);
   for (const StrategyResult& s : r.strategies) {
     nlohmann::json e{
@@ -458,19 +560,17 @@ nlohmann::json to_json(const BenchResult& r) {
            {"host_ns", t.host_ns},
            {"gemms", t.gemms},
            {"fused_steps", t.fused_steps},
-           {"success", s.verdicts[k].success},
-           {"failed", s.verdicts[k].failed},
-           {"verdict", s.verdicts[k].text}});
+           {"use", to_string(s.recommendations[k].use)},
+           {"recommendation", s.recommendations[k].text},
+           {"criteria_met", s.verdicts[k].success},
+           {"criteria_failed", s.verdicts[k].failed},
+           {"criteria", s.verdicts[k].text}});
     }
-    const int b = best_for_segment(r, k);
-    if (b >= 0) {
-      // The fastest overall (serial included), and the best split with its verdict.
-      const bool split_wins = r.strategies[std::size_t(b)].segments[k].span_ns < base[k].span_ns;
-      seg["best_strategy"] = split_wins ? r.strategies[std::size_t(b)].name : "serial";
-      seg["best_split"] = r.strategies[std::size_t(b)].name;
-      seg["verdict"] = r.strategies[std::size_t(b)].verdicts[k].text;
-      seg["success"] = r.strategies[std::size_t(b)].verdicts[k].success;
-    }
+    const auto [use, script] = recommended(r, k);
+    seg["best_strategy"] = r.strategies[use].name;
+    seg["best_script_split"] =
+        script >= 0 ? nlohmann::json(r.strategies[std::size_t(script)].name) : nlohmann::json();
+    seg["recommendation"] = segment_advice(r, k);
     j["segments"].push_back(seg);
   }
   return j;
@@ -480,15 +580,14 @@ Conclusions bench_conclusions(const BenchResult& r) {
   Conclusions c;
   const auto& base = r.strategies.at(0).segments;
   for (std::size_t k = 0; k < base.size(); ++k) {
-    const int b = best_for_segment(r, k);
-    c[base[k].name + " best strategy"] =
-        b >= 0 && r.strategies[std::size_t(b)].segments[k].span_ns < base[k].span_ns
-            ? r.strategies[std::size_t(b)].name
-            : "serial";
+    const auto [use, script] = recommended(r, k);
+    c[base[k].name + " best strategy"] = r.strategies[use].name;
+    c[base[k].name + " best script split"] =
+        script >= 0 ? r.strategies[std::size_t(script)].name : "none";
     for (std::size_t i = 1; i < r.strategies.size(); ++i)
       if (k < r.strategies[i].verdicts.size()) {
         const Verdict& v = r.strategies[i].verdicts[k];
-        c[base[k].name + " " + r.strategies[i].name + " verdict"] =
+        c[base[k].name + " " + r.strategies[i].name + " criteria"] =
             v.success ? "overlap succeeded" : v.failed;
       }
   }
@@ -511,6 +610,9 @@ std::string format_report(const BenchResult& r, const Sensitivity* sens) {
              : fmt::format("# real numerics, {} mode; wall = median of {} runs on this host\n",
                            r.config.deterministic ? "deterministic" : "non-deterministic",
                            r.config.repeats);
+  if (!dry)
+    if (const std::string advice = blas::core_advice(); !advice.empty())
+      out += "# WARNING: " + advice + "\n";
   if (r.config.deterministic)
     out +=
         "# deterministic mode prices the rank-ordered collective plans it runs (slower than "
@@ -554,24 +656,30 @@ std::string format_report(const BenchResult& r, const Sensitivity* sens) {
     }
   }
   out +=
-      "\n# overlap verdicts (R-BE-3: no matmul/comm degradation, concurrency from the 2nd "
-      "chunk, balance, gain)\n";
+      "\n# which strategy to use per CoC segment (the fastest modeled time; without the fused "
+      "kernels, the fastest script split)\n";
   for (std::size_t k = 0; k < base.size(); ++k) {
-    const int b = best_for_segment(r, k);
-    if (b < 0) {
-      out += base[k].name + "\n";
-    } else {
-      const double split = r.strategies[std::size_t(b)].segments[k].span_ns;
-      out += fmt::format("{} — best split {} {:.1f} us vs serial {:.1f} us{}{}\n", base[k].name,
-                         r.strategies[std::size_t(b)].name, split / 1e3, base[k].span_ns / 1e3,
-                         split < base[k].span_ns ? "" : " (serial is fastest)",
-                         fragile(base[k].name + " best strategy"));
-    }
+    out += fmt::format("{:<14} {}{}{}\n", base[k].name, segment_advice(r, k),
+                       fragile(base[k].name + " best strategy"),
+                       fragile(base[k].name + " best script split"));
     for (std::size_t i = 1; i < r.strategies.size(); ++i)
-      if (k < r.strategies[i].verdicts.size())
-        out +=
-            fmt::format("  {:<11} {}{}\n", r.strategies[i].name, r.strategies[i].verdicts[k].text,
-                        fragile(base[k].name + " " + r.strategies[i].name + " verdict"));
+      if (k < r.strategies[i].recommendations.size())
+        out += fmt::format("  {:<11} {}\n", r.strategies[i].name,
+                           r.strategies[i].recommendations[k].text);
+  }
+  out +=
+      "\n# MindSpeed's overlap criteria per segment (R-BE-3: no matmul/comm degradation, "
+      "concurrency from the 2nd chunk, balance, gain) — diagnostics of why a split gains or "
+      "not; the recommendation above is by modeled time\n";
+  for (std::size_t k = 0; k < base.size(); ++k) {
+    out += base[k].name + "\n";
+    for (std::size_t i = 1; i < r.strategies.size(); ++i)
+      if (k < r.strategies[i].verdicts.size()) {
+        const Verdict& v = r.strategies[i].verdicts[k];
+        out += fmt::format("  {:<11} {:<8} {}{}\n", r.strategies[i].name,
+                           v.success ? "met" : "not met", v.text,
+                           fragile(base[k].name + " " + r.strategies[i].name + " criteria"));
+      }
   }
   return out;
 }

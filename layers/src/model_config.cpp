@@ -6,6 +6,7 @@
 
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/names.h"
 #include "cocemu/runtime/profile.h"
 
 namespace cocemu::layers {
@@ -49,13 +50,15 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
 }
 
 ModelConfig load_model_config(const std::string& name) {
-  const bool is_path = name.find('/') != std::string::npos ||
-                       (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0);
-  const std::string path = is_path ? name : config_dir() + "/models/" + name + ".yaml";
+  const bool is_path = is_config_path(name);
+  const std::string dir = config_dir() + "/models";
+  const std::string path = is_path ? name : dir + "/" + name + ".yaml";
   {
     std::error_code ec;
     COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
                      "model config", path);
+    COCEMU_CHECK_ARG(is_path || std::filesystem::exists(path, ec), "unknown model '{}' (no {}); {}",
+                     name, path, valid_names_hint(name, yaml_names_in(dir), dir));
   }
   std::ifstream in(path);
   COCEMU_CHECK_ARG(in.good(), "cannot open model config '{}'", path);

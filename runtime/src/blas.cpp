@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <iterator>
 
 namespace cocemu::blas {
 
@@ -35,6 +38,46 @@ int parallel_mode() {
 }
 std::string config() {
   return openblas_get_config();
+}
+std::string core_name() {
+  const char* name = openblas_get_corename();
+  return name ? name : "unknown";
+}
+
+CpuVectors cpu_vectors() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return {__builtin_cpu_supports("avx2") != 0, __builtin_cpu_supports("avx512f") != 0};
+#else
+  return {};
+#endif
+}
+
+std::string generic_core_advice(const std::string& core, CpuVectors cpu, const char* coretype_env) {
+  if (!cpu.avx2 && !cpu.avx512) return {};
+  // OpenBLAS's x86 kernel families without AVX2 kernels (driver/others/dynamic.c's core names).
+  static const char* const kOld[] = {
+      "katmai", "coppermine",  "northwood", "prescott",  "banias",     "atom",         "core2",
+      "penryn", "dunnington",  "nehalem",   "athlon",    "opteron",    "opteron_sse3", "barcelona",
+      "nano",   "sandybridge", "bobcat",    "bulldozer", "piledriver", "steamroller"};
+  std::string lower;
+  for (char c : core)
+    lower += char(std::tolower(static_cast<unsigned char>(c)));
+  if (std::find(std::begin(kOld), std::end(kOld), lower) == std::end(kOld)) return {};
+  const char* fit = cpu.avx512 ? "SkylakeX" : "Haswell";
+  const std::string why =
+      coretype_env ? fmt::format("OPENBLAS_CORETYPE={} selects them", coretype_env)
+                   : std::string("this OpenBLAS does not know the CPU model and fell back to them");
+  return fmt::format(
+      "OpenBLAS runs its generic {} kernels on a CPU with {} ({}): OpenBLAS GEMMs (the "
+      "--nondeterministic path and mlpbench's floor) run several times slower than they could. "
+      "Remedy: run with OPENBLAS_CORETYPE={} (OpenBLAS's documented override for DYNAMIC_ARCH "
+      "builds); cocemu does not change your environment.",
+      core, cpu.avx512 ? "AVX-512" : "AVX2", why, fit);
+}
+
+std::string core_advice() {
+  return generic_core_advice(core_name(), cpu_vectors(), std::getenv("OPENBLAS_CORETYPE"));
 }
 
 namespace {

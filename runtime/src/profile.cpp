@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "cocemu/runtime/detail/yaml_reader.h"
+#include "cocemu/runtime/names.h"
 
 #ifndef COCEMU_SOURCE_CONFIG_DIR
 #define COCEMU_SOURCE_CONFIG_DIR "configs"
@@ -418,7 +419,14 @@ std::string config_dir() {
 }
 
 DeviceProfile load_named_profile(const std::string& name) {
-  return load_device_profile(profile_path(name));
+  const std::string path = profile_path(name);
+  if (!is_config_path(name)) {
+    std::error_code ec;
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    COCEMU_CHECK_ARG(std::filesystem::exists(path, ec), "unknown device profile '{}' (no {}); {}",
+                     name, path, valid_names_hint(name, yaml_names_in(dir), dir));
+  }
+  return load_device_profile(path);
 }
 
 }  // namespace cocemu

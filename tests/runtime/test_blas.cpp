@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -22,6 +23,32 @@ TEST(Blas, TestsLoadOpenBlasWithoutServerThreads) {
   // ctest sets OPENBLAS_NUM_THREADS=1 for every test, as the cocemu binary does for itself
   // (restart_without_server_threads; its own test runs the binary without the variable).
   EXPECT_EQ(blas::threads_at_load(), 1);
+}
+
+// A DYNAMIC_ARCH OpenBLAS that does not know a CPU model falls back to old generic kernels
+// (Debian's 0.3.21 picks Prescott on an AVX-512 Xeon): said, with the remedy, never changed.
+TEST(Blas, GenericCoreOnAVectorCpuIsReportedWithItsRemedy) {
+  using blas::generic_core_advice;
+  const std::string on512 =
+      generic_core_advice("Prescott", {.avx2 = true, .avx512 = true}, nullptr);
+  EXPECT_NE(on512.find("generic Prescott kernels"), std::string::npos) << on512;
+  EXPECT_NE(on512.find("AVX-512"), std::string::npos) << on512;
+  EXPECT_NE(on512.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << on512;
+  EXPECT_NE(on512.find("does not know the CPU model"), std::string::npos) << on512;
+  const std::string on2 = generic_core_advice("Nehalem", {.avx2 = true}, nullptr);
+  EXPECT_NE(on2.find("OPENBLAS_CORETYPE=Haswell"), std::string::npos) << on2;
+  // Case as the user may type it in OPENBLAS_CORETYPE; the advice says the variable chose it.
+  const std::string chosen = generic_core_advice("prescott", {.avx2 = true}, "prescott");
+  EXPECT_NE(chosen.find("OPENBLAS_CORETYPE=prescott selects them"), std::string::npos) << chosen;
+  // Kernels that fit the CPU, and old CPUs, get no advice.
+  for (const char* fits : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    EXPECT_EQ(generic_core_advice(fits, {.avx2 = true, .avx512 = true}, nullptr), "") << fits;
+  EXPECT_EQ(generic_core_advice("Prescott", {}, nullptr), "");
+  EXPECT_EQ(generic_core_advice("SomeFutureCore", {.avx2 = true}, nullptr), "");
+  // This process: the core OpenBLAS reports is a name, and the advice agrees with it.
+  EXPECT_FALSE(blas::core_name().empty());
+  EXPECT_EQ(blas::core_advice(), generic_core_advice(blas::core_name(), blas::cpu_vectors(),
+                                                     std::getenv("OPENBLAS_CORETYPE")));
 }
 
 TEST(Blas, GemmMatchesNaiveProductInEveryDtype) {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/names.h"
 #include "cocemu/runtime/profile.h"
 #include "testing.h"
 
@@ -30,6 +31,45 @@ TEST(Profile, ShippedProfilesLoad) {
   EXPECT_EQ(h.auto_rule(4096).algorithm, "direct");
   EXPECT_EQ(h.auto_rule(64 << 20).algorithm, "ring");
   EXPECT_DOUBLE_EQ(h.peak(DType::bf16), 9.894e14);
+}
+
+// A mistyped name lists the valid ones and suggests the nearest (the newcomer review's errors
+// table: `--profile h100`).
+TEST(Profile, UnknownNameListsTheValidOnes) {
+  expect_error([] { load_named_profile("h100"); }, Errc::invalid_argument,
+               {"unknown device profile 'h100'", "valid names: ", "ascend-910b", "h100-sxm",
+                "(did you mean 'h100-sxm'?)"});
+  expect_error([] { load_named_profile("ascend910b"); }, Errc::invalid_argument,
+               {"did you mean 'ascend-910b'?"});
+  // Nothing near: the list, no guess.
+  try {
+    load_named_profile("tpu-v5");
+    ADD_FAILURE() << "an unknown profile loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("valid names: "), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
+  }
+  // A path is a path: its own error, no name list.
+  expect_error([] { load_named_profile("/nonexistent/h100.yaml"); }, Errc::invalid_argument,
+               {"cannot open device profile '/nonexistent/h100.yaml'"});
+}
+
+TEST(Names, NearestNameByContainmentOrEditDistance) {
+  const std::vector<std::string> models{"bloom-176b", "bloom-7b", "gpt3-175b", "llama2-70b",
+                                        "llama2-7b"};
+  EXPECT_EQ(nearest_name("llama-2-70b", models), "llama2-70b");
+  EXPECT_EQ(nearest_name("LLaMA2-7B", models), "llama2-7b");
+  EXPECT_EQ(nearest_name("gpt3", models), "gpt3-175b");
+  EXPECT_EQ(nearest_name("bloom", models), "bloom-7b");  // the shortest containing it
+  EXPECT_EQ(nearest_name("mixtral-8x7b", models), "");
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3);
+  EXPECT_EQ(valid_names_hint("x", {}, "/d"), "no .yaml files in '/d'");
+  const std::string dir = ::testing::TempDir() + "/cocemu_names";
+  std::filesystem::create_directories(dir + "/sub.yaml");  // a folder is not a name
+  std::ofstream(dir + "/b.yaml") << "x";
+  std::ofstream(dir + "/a.yaml") << "x";
+  std::ofstream(dir + "/notes.txt") << "x";
+  EXPECT_EQ(yaml_names_in(dir), (std::vector<std::string>{"a", "b"}));
 }
 
 TEST(Profile, EverySourcedNumberHasAComment) {

@@ -103,8 +103,8 @@ TEST(Sensitivity, TuneAndAttentionReportTheirChoices) {
           "--sensitivity",
       &status);
   ASSERT_EQ(status, 0) << attn;
-  EXPECT_NE(attn.find("windows 1, 2"), std::string::npos) << attn;
-  EXPECT_NE(attn.find("best cp_window_size"), std::string::npos) << attn;
+  EXPECT_NE(attn.find("double ring, window 2"), std::string::npos) << attn;
+  EXPECT_NE(attn.find("best window: ring = "), std::string::npos) << attn;
 }
 
 }  // namespace

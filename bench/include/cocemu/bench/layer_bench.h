@@ -88,6 +88,19 @@ struct Verdict {
 };
 Verdict judge(const SegmentStats& serial, const SegmentStats& split);
 
+/// Whether to use a strategy on one segment, by modeled time: the fastest strategy (serial
+/// included) is the one to use; the fastest script split, when it beats serial but not the
+/// fastest, is the one to use without the fused kernels (MindSpeed's script-side CoC). MindSpeed's
+/// criteria (`Verdict`) are diagnostics beside it: they say why a split gains or not, not whether
+/// to use it.
+struct Recommendation {
+  enum class Use { yes, without_fused, no };
+  Use use = Use::no;
+  std::string text;  ///< "use: …", "use without fused kernels: …" or "no: …" with the figures
+};
+/// "yes", "without fused kernels", "no".
+const char* to_string(Recommendation::Use use);
+
 struct StrategyResult {
   std::string name;
   std::int64_t modeled_ns = 0;               ///< the layer's forward+backward (modeled makespan)
@@ -95,8 +108,9 @@ struct StrategyResult {
   std::optional<bool> bitwise_equal_serial;  ///< empty in a dry run
   double comm_ns = 0, exposed_comm_ns = 0;   ///< rank 0, whole layer: link busy, not hidden
   std::vector<SegmentStats> segments;
-  std::vector<Verdict> verdicts;  ///< per segment against serial (empty for serial)
-  RunResult run;                  ///< the last run (trace)
+  std::vector<Verdict> verdicts;                ///< per segment against serial (empty for serial)
+  std::vector<Recommendation> recommendations;  ///< per segment (empty for serial)
+  RunResult run;                                ///< the last run (trace)
 };
 
 struct BenchResult {
@@ -112,8 +126,9 @@ BenchResult run_bench(const BenchConfig& config, const Progress& progress = {});
 nlohmann::json to_json(const BenchResult& result);
 /// The human-readable tables; with a sensitivity analysis, fragile conclusions are marked.
 std::string format_report(const BenchResult& result, const Sensitivity* sensitivity = nullptr);
-/// The conclusions bench draws: per segment "<segment> best strategy" (serial included) and
-/// "<segment> <strategy> verdict" (the failed criterion, or "overlap succeeded"); and
+/// The conclusions bench draws: per segment "<segment> best strategy" (serial included),
+/// "<segment> best script split" (the fastest script split if it beats serial, else "none") and
+/// "<segment> <strategy> criteria" (MindSpeed's failed criterion, or "overlap succeeded"); and
 /// "fastest strategy" for the whole layer.
 Conclusions bench_conclusions(const BenchResult& result);
 

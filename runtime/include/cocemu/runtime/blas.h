@@ -27,6 +27,27 @@ int threads();
 int parallel_mode();
 /// OpenBLAS's configuration string (version, kernel family).
 std::string config();
+/// The kernel family OpenBLAS runs on this CPU (openblas_get_corename(): "Haswell", "Zen",
+/// "SkylakeX", or an old generic one such as "Prescott" when it does not know the CPU model).
+std::string core_name();
+
+/// The x86 vector extensions of a CPU that OpenBLAS's kernel families are written for.
+struct CpuVectors {
+  bool avx2 = false;
+  bool avx512 = false;  ///< AVX-512F (what OpenBLAS's SkylakeX kernels need)
+};
+/// This CPU's (with the OS's support for their registers).
+CpuVectors cpu_vectors();
+/// When OpenBLAS runs kernels older than the CPU supports — a pre-AVX2 family such as Prescott,
+/// Core2, Nehalem or Sandybridge on a CPU with AVX2 or AVX-512, which a DYNAMIC_ARCH build picks
+/// for a CPU model it does not know — the advice to set OPENBLAS_CORETYPE (Haswell for AVX2,
+/// SkylakeX for AVX-512; OpenBLAS README, "Setting OPENBLAS_CORETYPE" for DYNAMIC_ARCH builds)
+/// and what it costs; empty when the family fits the CPU. `coretype_env` is the value of
+/// OPENBLAS_CORETYPE (null if unset): the advice then says the user chose it. Nothing is changed:
+/// the environment is the user's.
+std::string generic_core_advice(const std::string& core, CpuVectors cpu, const char* coretype_env);
+/// generic_core_advice() for this process's OpenBLAS and CPU.
+std::string core_advice();
 
 /// C = alpha·A·op(B) + beta·C, row-major. A is [m,k]; B is [k,n] or, with `transpose_b`, [n,k];
 /// C is [m,n]. f32 and f64 use OpenBLAS; f16/bf16 operands are converted to f32 and the result

@@ -28,6 +28,8 @@ struct TrainSetup {
   /// chain); false: NCCL's and HCCL's algorithms (multi-channel rings, hierarchical all_reduce),
   /// as a cluster runs them by default.
   bool deterministic = true;
+  /// What the settings gave that takes no effect or is approximated (printed on stderr).
+  std::vector<std::string> notes;
 };
 
 struct MemoryTerm {

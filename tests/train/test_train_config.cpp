@@ -350,6 +350,8 @@ TEST(TrainConfig, MegatronAndMindSpeedFlagsTakeEffect) {
     EXPECT_EQ(status, 0) << extra << "\n" << out;
     return status == 0 ? iteration_ns(dir + "/train.json") : -1.0;
   };
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/none.yaml") << "customized_coc: {}\n";
   const double plain = run("");
   EXPECT_EQ(run("--overlap-grad-reduce --accumulate-allreduce-grads-in-fp32 --use-flash-attn "
                 "--attention-backend flash --deterministic-mode --seq-length 4096 "
@@ -378,6 +380,8 @@ TEST(TrainConfig, MegatronAndMindSpeedFlagsTakeEffect) {
            {"--profile h100-sxm --use-ascend-coc", "has no mindspeed_coc"},
            {"--profile h100-sxm --tp-comm-overlap --no-sequence-parallel", "sequence-parallel"},
            {"--coc-fused-kernel", "only with --use-ascend-coc"},
+           {"--profile h100-sxm --tp-comm-overlap --coc-config " + dir + "/none.yaml",
+            "chooses per shape"},
            {"--decoder-first-pipeline-num-layers 15 --decoder-last-pipeline-num-layers 18",
             "split evenly"},
            {"--deterministic-mode --nondeterministic", "cannot both"}}) {

@@ -431,6 +431,10 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                    "{} (Megatron-LM with Transformer Engine) and {} (MindSpeed on Ascend) are "
                    "two platforms' TP overlap; give the one of the profile's platform ({})",
                    s.tp_comm_overlap.where, mindspeed, prof.name);
+  COCEMU_CHECK_ARG(!(tp_comm_overlap && s.coc_config.value),
+                   "{} overlaps every TP linear (Megatron-LM has no per-shape choice) and {} "
+                   "chooses per shape; give one",
+                   s.tp_comm_overlap.where, s.coc_config.where);
   COCEMU_CHECK_ARG(ascend_coc || (!s.coc_parallel_num.value && !s.coc_fused_kernel.value),
                    "{} takes effect only with --use-ascend-coc (MindSpeed's CoC switch)",
                    first_given(s.coc_parallel_num, s.coc_fused_kernel));

@@ -501,11 +501,11 @@ std::string explain(const PlanCandidate& a, const PlanCandidate& b,
     const double d = tb[i].second - ta[i].second;
     sum += d;
     out.push_back({ta[i].first, d});
-    if (std::abs(d) > 1e-3) terms.push_back({d, ta[i].first});
+    if (std::abs(d) >= 0.05) terms.push_back({d, ta[i].first});  // shown to 0.1 ms
   }
   const double rest = gap - sum;
   out.push_back({"optimizer step and stage imbalance", rest});
-  if (std::abs(rest) > 1e-3) terms.push_back({rest, "optimizer step and stage imbalance"});
+  if (std::abs(rest) >= 0.05) terms.push_back({rest, "optimizer step and stage imbalance"});
   std::sort(terms.begin(), terms.end(),
             [](const auto& p, const auto& q) { return std::abs(p.first) > std::abs(q.first); });
   std::string s = fmt::format(
@@ -513,7 +513,7 @@ std::string explain(const PlanCandidate& a, const PlanCandidate& b,
       "the runner-up ({}).",
       a.describe(), gap, 100 * gap / (double(y.iteration_ns) / 1e6), b.describe());
   std::string parts;
-  for (std::size_t i = 0; i < terms.size() && i < 5; ++i)
+  for (std::size_t i = 0; i < terms.size(); ++i)
     parts += fmt::format("{}{} {} by {:.1f} ms", i ? "; " : "", terms[i].second,
                          terms[i].first > 0 ? "lower" : "higher", std::abs(terms[i].first));
   if (!parts.empty())

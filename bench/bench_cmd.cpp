@@ -7,6 +7,8 @@
 #include <optional>
 
 #include "cocemu/bench/layer_bench.h"
+#include "cocemu/bench/train/train_config.h"
+#include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
@@ -87,8 +89,14 @@ void add_bench(CLI::App& app) {
     c.dry_run = o->dry_run;
     c.repeats = o->repeats;
     c.deterministic = !o->nondeterministic;
-    if (!o->coc_config.empty())
-      c.strategies = bench::default_strategies(layers::load_coc_config(o->coc_config));
+    if (!o->coc_config.empty()) {
+      const layers::CocConfig coc = layers::load_coc_config(o->coc_config);
+      c.strategies = bench::default_strategies(coc);
+      // A customized_coc keyed for another layout matches nothing and runs as serial: say so.
+      const std::string warning = bench::unmatched_coc_warning(o->coc_config, coc.customized_coc,
+                                                               bench::layer_gemm_keys(c));
+      if (!warning.empty()) std::fprintf(stderr, "cocemu bench: %s\n", warning.c_str());
+    }
     // Outputs are checked before the run, not after it.
     check_output_dir("--out-dir", o->out_dir);
     if (!o->json.empty()) check_output_file("--json", o->json);

@@ -48,29 +48,35 @@ void run(const PlanOpts& o) {
   r.cross_entropy_fusion = o.ce_fusion;
   const bench::PlanResult res = bench::plan(r);
   std::fputs(bench::format_plan(res).c_str(), stdout);
+  if (!res.threads_note.empty())
+    std::fprintf(stderr, "cocemu plan: note: %s\n", res.threads_note.c_str());
   std::filesystem::create_directories(o.out_dir);
-  const std::string coc = o.out_dir + "/plan.coc.yaml", yaml = o.out_dir + "/plan.winner.yaml",
+  const std::string yaml = o.out_dir + "/plan.winner.yaml",
                     flags = o.out_dir + "/plan.winner.flags";
-  // The fused kernels' tiling the plan priced them with, then the choices.
-  const layers::CocConfig tiling = bench::plan_coc_config();
-  std::string coc_text = fmt::format(
-      "# customized_coc per GEMM shape, chosen by cocemu plan (-1 fused, 1 off, 2/4/8 split)\n"
-      "tile_rows: {}\ntiles_per_step: {}\ncustomized_coc:\n",
-      tiling.tile_rows, tiling.tiles_per_step);
-  for (const auto& [key, v] : res.top.front().customized_coc)
-    coc_text += fmt::format("  \"{}\": {}\n", key, v);
-  if (res.top.front().customized_coc.empty()) coc_text += "  {}\n";
-  std::string winner = bench::winner_yaml(res);
-  const std::string marker = "coc_config: plan.coc.yaml";
-  if (const auto at = winner.find(marker); at != std::string::npos)
-    winner.replace(at, marker.size(), "coc_config: " + coc);
-  write_file("--out-dir", coc, coc_text);
-  write_file("--out-dir", yaml, winner);
-  write_file("--out-dir", flags, bench::winner_flags(res) + "\n");
+  // Each CoC file sits beside what names it; none is written (and a stale one is removed) when
+  // the layout overlaps nothing.
+  auto coc_file = [&](const std::string& name, const bench::PlanCandidate& c) {
+    const std::string path = o.out_dir + "/" + name, text = bench::winner_coc_yaml(res, c);
+    if (!text.empty())
+      write_file("--out-dir", path, text);
+    else
+      std::filesystem::remove(path);
+  };
+  coc_file("plan.coc.yaml", res.top.front());
+  if (res.flags_winner) coc_file("plan.flags.coc.yaml", *res.flags_winner);
+  write_file("--out-dir", yaml, bench::winner_yaml(res));
+  const std::string line = bench::winner_flags(res);
+  write_file("--out-dir", flags, line + "\n");
   std::printf(
-      "\nwinner as MindFormers YAML (cocemu train --config): %s\n"
-      "winner as Megatron/MindSpeed flags: %s\n  %s\n",
-      yaml.c_str(), flags.c_str(), bench::winner_flags(res).c_str());
+      "\nwinner as MindFormers YAML (with cocemu's train: section): %s\n"
+      "  check: cocemu train --config %s --dry-run --engine priced\n"
+      "winner as %s flags: %s\n  %s\n"
+      "  check: %s\n",
+      yaml.c_str(), yaml.c_str(),
+      r.profile->has_tp_overlap("mindspeed_coc") || r.profile->has_tp_overlap("lcoc_fused")
+          ? "Megatron-LM + MindSpeed"
+          : "Megatron-LM",
+      flags.c_str(), line.c_str(), bench::winner_train_command(res, o.out_dir).c_str());
   if (!o.json.empty()) {
     write_file("--json", o.json, bench::to_json(res).dump(2) + "\n");
     std::printf("json: %s\n", o.json.c_str());
@@ -84,8 +90,10 @@ void add_plan(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "plan",
       "search a training layout for a whole cluster (tp, cp, pp, vpp, dp, micro-batch, "
-      "recompute, distributed optimizer, SP, multi-copy, CoC per GEMM shape); modeled, no "
-      "numerics");
+      "recompute, distributed optimizer, SP, multi-copy, and the TP overlap the profile's platform "
+      "has); modeled, no numerics. Writes the winner as a MindFormers YAML (semi-auto "
+      "parallel: gradients_mean false, runner_config.batch_size one copy) and as Megatron-LM / "
+      "MindSpeed flags");
   sub->add_option("--model", o->model, "model (name under configs/models/ or path)")->required();
   sub->add_option("--profile", o->profile, "device profile (name under configs/devices/ or path)")
       ->capture_default_str();
@@ -99,8 +107,13 @@ void add_plan(CLI::App& app) {
                   "exhaustive (default), dynamic_programming (balanced layer-to-stage partition), "
                   "recursive_programming (fast heuristic)")
       ->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "bf16 (default) or f32")->capture_default_str();
-  number(sub, "--threads", o->threads, "search threads (0: all cores)", 0, 1024);
+  sub->add_option("--dtype", o->dtype, "bf16 (default) or f32")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
+  number(sub, "--threads", o->threads,
+         "search threads (0: all cores; more than the cores oneTBB can use are capped, and the "
+         "report says so)",
+         0, 1024);
   number(sub, "--top", o->top, "candidates in the table", 1, 1000);
   number(sub, "--max-cp", o->max_cp, "largest context-parallel size searched", 1, 1024);
   number(sub, "--max-vpp", o->max_vpp, "largest virtual pipeline size searched", 1, 64);

@@ -1,6 +1,7 @@
 #include "cocemu/bench/tune.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -28,6 +29,43 @@ std::string segment_key(const BenchConfig& c, const std::string& segment) {
               segment);
 }
 
+std::vector<std::string> layer_gemm_keys(const BenchConfig& c) {
+  const auto& l = c.layer;
+  const std::int64_t m = l.seq * l.batch, h = l.hidden, tp = c.tp;
+  std::vector<std::string> keys;
+  auto both = [&](std::int64_t k, std::int64_t n) {  // forward [m, k, n], backward [m, n, k]
+    keys.push_back(fmt::format("[{}, {}, {}]", m, k, n));
+    keys.push_back(fmt::format("[{}, {}, {}]", m, n, k));
+  };
+  both(h, l.qkv_width() / tp);
+  both(h / tp, h);
+  both(h, l.up_width() / tp);
+  both(l.ffn / tp, h);
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+BenchConfig bench_config_for_run(const TrainSetup& setup) {
+  const auto& m = setup.options.model;
+  const auto& l = setup.options.layout;
+  BenchConfig c;
+  c.model = m.name;
+  c.tp = l.tp;
+  c.profile = setup.profile;
+  c.layer = {.seq = m.seq / l.cp,
+             .batch = l.micro_batch_size / l.micro_batch_interleave,
+             .hidden = m.hidden,
+             .heads = m.heads,
+             .ffn = m.ffn,
+             .kv_heads = m.kv_heads,
+             .activation = m.swiglu ? layers::Activation::swiglu : layers::Activation::gelu,
+             .sequence_parallel = l.sequence_parallel && l.tp > 1,
+             .dtype = l.dtype,
+             .flash_attention = m.flash_attention};
+  return c;
+}
+
 namespace {
 
 /// customized_coc value of a bench strategy.
@@ -49,13 +87,21 @@ std::string label(int v) {
 
 }  // namespace
 
-TuneResult tune(BenchConfig c, const layers::CocConfig& base) {
+TuneResult tune(BenchConfig c, const layers::CocConfig& base, const std::vector<int>& values) {
   c.dry_run = true;
   c.strategies = default_strategies(base);
-  c.strategies.erase(
-      std::remove_if(c.strategies.begin(), c.strategies.end(),
-                     [](const BenchStrategy& s) { return bool(s.options.per_shape); }),
-      c.strategies.end());
+  c.strategies.erase(std::remove_if(c.strategies.begin(), c.strategies.end(),
+                                    [&](const BenchStrategy& s) {
+                                      const int v = value_of(s);
+                                      return bool(s.options.per_shape) ||
+                                             (v != 1 && std::find(values.begin(), values.end(),
+                                                                  v) == values.end());
+                                    }),
+                     c.strategies.end());
+  COCEMU_CHECK_ARG(c.strategies.size() >= 2,
+                   "tune: nothing to choose from besides serial (values {}); allowed 2, 4, 8, "
+                   "-1",
+                   fmt::join(values, ", "));
   const BenchResult r = run_bench(c);
   TuneResult t{r.config, base, {}};
   t.coc.customized_coc.clear();
@@ -110,10 +156,14 @@ TuneResult tune(BenchConfig c, const layers::CocConfig& base) {
 std::string to_yaml(const TuneResult& t) {
   std::string y = fmt::format(
       "# cocemu tune: {} on {} (modeled, dry run: shapes only)\n"
+      "# Layer as tuned: {} tokens per micro-batch copy (seq {} x batch {}), tp {}, sequence "
+      "parallel {}: the keys match runs with that layout only.\n"
       "# Per CoC GEMM shape \"[m, k, n]\" (m = tokens, gathered under SP): 1 = off, 2/4/8 = "
       "script split, -1 = fused.\n"
       "# Candidates modeled per shape (us, summed over the segments sharing it):\n",
-      t.config.model, t.config.profile ? t.config.profile->name : "?");
+      t.config.model, t.config.profile ? t.config.profile->name : "?",
+      t.config.layer.seq * t.config.layer.batch, t.config.layer.seq, t.config.layer.batch,
+      t.config.tp, t.config.layer.sequence_parallel);
   for (const TuneChoice& ch : t.choices) {
     std::string cands;
     for (const auto& [name, ns] : ch.modeled)

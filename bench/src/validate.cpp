@@ -13,6 +13,7 @@
 #include "cocemu/bench/plan/part_model.h"
 #include "cocemu/bench/plan/plan.h"
 #include "cocemu/bench/train/step_model.h"
+#include "cocemu/bench/train/train_config.h"
 #include "cocemu/collectives/plan.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/cost_model.h"
@@ -53,16 +54,12 @@ double modeled_collective(const DeviceProfile& p, const std::string& op_name, in
 }
 
 /// A published run's model, GPU count and layout as published (and the settings the source
-/// leaves open, marked `assumption` in the file), set up as `cocemu train --dry-run` sets it up.
+/// leaves open, marked `assumption` in the file), set up as `cocemu train --dry-run` sets it up:
+/// the `layout:` map holds the fields of `cocemu train`'s own `train:` section and goes through
+/// the same reader and resolver (train_config.h).
 std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
                                             const DeviceProfile& profile) {
-  auto setup = std::make_shared<TrainSetup>();
-  setup->profile = std::make_shared<const DeviceProfile>(profile);
-  setup->dry_run = true;
-  setup->deterministic = false;  // the published runs used NCCL's algorithms
-  auto& o = setup->options;
-  auto& m = o.model;
-  auto& l = o.layout;
+  layers::train::DecoderShape m;
   {
     auto mm = e.map("model");
     m.name = r.name;
@@ -81,49 +78,35 @@ std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
     mm.finish();
   }
   const int gpus = int(e.integer("gpus", 1, 1 << 20));
+  TrainSettings s;
   {
     auto ll = e.map("layout");
-    l.tp = int(ll.integer("tp", 1, 1024));
-    l.pp = int(ll.integer("pp", 1, 1024));
-    l.cp = int(ll.has("cp") ? ll.integer("cp", 1, 1024) : 1);
-    l.vpp = int(ll.has("vpp") ? ll.integer("vpp", 1, 64) : 1);
-    l.schedule = l.vpp > 1 ? layers::train::PipelineSchedule::interleaved
-                           : layers::train::PipelineSchedule::one_f_one_b;
-    l.micro_batch_size = ll.integer("micro_batch_size", 1, 1 << 16);
-    l.global_batch_size = ll.integer("global_batch_size", 1, std::int64_t(1) << 30);
-    const std::string rc = ll.string("recompute");
-    l.recompute = rc == "full"        ? layers::train::Recompute::full
-                  : rc == "selective" ? layers::train::Recompute::selective
-                                      : layers::train::Recompute::none;
-    COCEMU_CHECK(rc == "full" || rc == "selective" || rc == "none", Errc::parse_error,
-                 "{}: recompute '{}'; allowed none, selective, full", ll.where(), rc);
-    l.sequence_parallel = ll.boolean("sequence_parallel") && l.tp > 1;
-    l.distributed_optimizer = ll.boolean("distributed_optimizer");
-    l.overlap_grad_reduce = ll.boolean("overlap_grad_reduce");
-    l.overlap_param_gather = ll.boolean_or("overlap_param_gather", false);
-    l.grad_reduce_in_fp32 = ll.boolean_or("grad_reduce_in_fp32", true);
-    if (ll.has("bucket_mb")) l.bucket_mb = ll.number("bucket_mb", 1e-3, 1e6);
-    l.cross_entropy_fusion = ll.boolean_or("cross_entropy_loss_fusion", false);
-    l.scatter_gather_tensors_in_pipeline =
-        ll.boolean_or("scatter_gather_tensors_in_pipeline", false);
-    const std::string coc = ll.string_or("coc", "serial");
-    COCEMU_CHECK(coc == "serial" || coc == "fused", Errc::parse_error,
-                 "{}: coc '{}'; allowed serial, fused", ll.where(), coc);
-    layers::CocConfig cc;
-    cc.tile_rows = 32;
-    o.linear = layers::options_for(
-        cc, coc == "fused" ? layers::Strategy::fused : layers::Strategy::serial, 1);
-    setup->coc_name = coc;
+    read_layout_fields(ll, s);
     ll.finish();
+    // What every published run must state (or mark as an assumption in the file).
+    const std::pair<const char*, bool> required[] = {
+        {"tp", bool(s.tp.value)},
+        {"pp", bool(s.pp.value)},
+        {"micro_batch_size", bool(s.micro_batch_size.value)},
+        {"global_batch_size", bool(s.global_batch_size.value)},
+        {"recompute", bool(s.recompute.value)},
+        {"sequence_parallel", bool(s.sequence_parallel.value)},
+        {"distributed_optimizer", bool(s.distributed_optimizer.value)},
+        {"overlap_grad_reduce", bool(s.overlap_grad_reduce.value)}};
+    for (const auto& [key, given] : required)
+      COCEMU_CHECK(given, Errc::parse_error, "{}: missing required key '{}.{}'", ll.where(),
+                   ll.path(), key);
   }
   const int per_node = profile.topology.devices_per_node;
-  COCEMU_CHECK(gpus % per_node == 0 && gpus % (l.tp * l.pp * l.cp) == 0, Errc::parse_error,
+  const std::int64_t inner = *s.tp.value * s.pp.value.value() * s.cp.value.value_or(1);
+  COCEMU_CHECK(gpus % per_node == 0 && gpus % inner == 0, Errc::parse_error,
                "{}: {} GPUs must fill whole nodes of {} and be divisible by tp·pp·cp = {}",
-               e.where(), gpus, per_node, l.tp * l.pp * l.cp);
-  l.dp = gpus / (l.tp * l.pp * l.cp);
-  setup->nodes = gpus / per_node;
+               e.where(), gpus, per_node, inner);
+  s.nodes.set(gpus / per_node, e.where() + " gpus");
+  auto setup = std::make_shared<TrainSetup>(
+      resolve_settings(s, true, m, "published", std::make_shared<const DeviceProfile>(profile)));
+  setup->deterministic = false;  // the published runs used NCCL's algorithms
   r.nodes = setup->nodes;
-  (void)layers::train::check_layout(m, l, gpus);
   return setup;
 }
 

@@ -305,6 +305,23 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
   p.contention.compute_slowdown = cont.number("compute_slowdown", 1.0, 10.0);
   p.contention.comm_slowdown = cont.number("comm_slowdown", 1.0, 10.0);
   cont.finish();
+  if (top.has("tp_overlap")) {
+    for (const auto& [mechanism, where] : top.strings("tp_overlap")) {
+      COCEMU_CHECK(mechanism == "mindspeed_coc" || mechanism == "lcoc_fused" ||
+                       mechanism == "te_userbuffers",
+                   Errc::parse_error,
+                   "{}: tp_overlap '{}' is not a mechanism cocemu knows; allowed: mindspeed_coc, "
+                   "lcoc_fused, te_userbuffers",
+                   where, mechanism);
+      COCEMU_CHECK(!p.has_tp_overlap(mechanism), Errc::parse_error,
+                   "{}: tp_overlap lists '{}' twice", where, mechanism);
+      p.tp_overlap.push_back(mechanism);
+    }
+    COCEMU_CHECK(!p.has_tp_overlap("te_userbuffers") || p.tp_overlap.size() == 1, Errc::parse_error,
+                 "{}: tp_overlap mixes Megatron-LM's te_userbuffers with Ascend's MindSpeed "
+                 "mechanisms; a platform runs one software stack",
+                 top.where(top.node()["tp_overlap"]));
+  }
   if (top.has("assumptions")) {
     const std::vector<std::string> known = p.scalable_keys();
     for (const auto& [key, where] : top.strings("assumptions")) {
@@ -372,6 +389,10 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
   return v;
 }
 }  // namespace
+
+bool DeviceProfile::has_tp_overlap(const std::string& mechanism) const {
+  return std::find(tp_overlap.begin(), tp_overlap.end(), mechanism) != tp_overlap.end();
+}
 
 std::vector<std::string> DeviceProfile::scalable_keys() const {
   DeviceProfile copy = *this;

@@ -7,10 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 
 #include "cocemu/bench/plan/plan.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
+#include "testing.h"
 
 namespace cocemu::bench {
 namespace {
@@ -205,6 +208,130 @@ TEST(Plan, DynamicProgrammingBalancesTheStages) {
   EXPECT_TRUE(uneven) << "some candidate should take an uneven partition";
 }
 
+// #33 item 16: dynamic_programming searches the exhaustive space once (no candidate twice), and
+// every uneven partition it takes is one Megatron-LM can run (first and last stage free, the
+// middle stages equal).
+TEST(Plan, DynamicProgrammingEvaluatesEachCandidateOnce) {
+  PlanQuery r = small_request();
+  r.model.vocab = 256000;
+  r.model.num_layers = 10;  // pp 4 and 8 do not divide it
+  r.compare_heuristic = false;
+  r.top_k = 1000;
+  const PlanResult even = plan(r);
+  r.mode = SearchMode::dynamic_programming;
+  const PlanResult dp = plan(r);
+  EXPECT_EQ(dp.enumerated, even.enumerated);
+  std::set<std::string> seen;
+  bool uneven = false;
+  for (const auto& c : dp.top) {
+    EXPECT_TRUE(seen.insert(c.describe()).second) << "evaluated twice: " << c.describe();
+    const auto& st = c.layout.stage_layers;
+    if (st.size() > 2) {
+      uneven = true;
+      for (std::size_t i = 2; i + 1 < st.size(); ++i)
+        EXPECT_EQ(st[i], st[1]) << c.describe();
+    }
+  }
+  EXPECT_TRUE(uneven) << "pp 4 over 10 layers is uneven";
+}
+
+// #33 item 17: the explanation's terms sum to the gap, the bubble does not count the pipeline
+// waits a second time (they are exposed PP), and no term is printed negative.
+TEST(Plan, ExplanationCountsEachMillisecondOnce) {
+  PlanQuery r = small_request();
+  r.compare_heuristic = false;
+  r.top_k = 2;
+  const PlanResult res = plan(r);
+  ASSERT_EQ(res.top.size(), 2u);
+  const double gap = double(res.top[1].report.iteration_ns - res.top[0].report.iteration_ns) / 1e6;
+  double sum = 0;
+  for (const auto& [name, ms] : res.explanation_terms)
+    sum += ms;
+  EXPECT_NEAR(sum, gap, 1e-6);
+  auto idle_without_pp = [](const TrainReport& t) {
+    const auto pp = t.exposed_comm_ns.find("PP");
+    return (t.bubble_fraction * t.pipeline_span_ns -
+            (pp == t.exposed_comm_ns.end() ? 0 : pp->second)) /
+           1e6;
+  };
+  ASSERT_FALSE(res.explanation_terms.empty());
+  EXPECT_EQ(res.explanation_terms[0].first, "pipeline bubble");
+  EXPECT_NEAR(res.explanation_terms[0].second,
+              idle_without_pp(res.top[1].report) - idle_without_pp(res.top[0].report), 1e-6);
+  EXPECT_GT(res.top[0].report.pipeline_span_ns, 0);
+  EXPECT_EQ(res.explanation.find("by -"), std::string::npos) << res.explanation;
+  EXPECT_EQ(res.explanation.find("remaining -"), std::string::npos) << res.explanation;
+}
+
+// #33 item 1: a profile says which TP overlap its platform has, and plan searches only that.
+TEST(Plan, SearchesOnlyThePlatformsTpOverlap) {
+  auto search = [](const std::string& profile, std::optional<std::vector<std::string>> overlap) {
+    PlanQuery r = small_request();
+    r.compare_heuristic = false;
+    r.top_k = 1000;
+    auto prof = load_named_profile(profile);
+    if (overlap) prof.tp_overlap = *overlap;
+    r.profile = std::make_shared<const DeviceProfile>(prof);
+    r.profile_name = profile;
+    return plan(r);
+  };
+  auto values = [](const PlanResult& res) {
+    std::set<int> v;
+    for (const auto& c : res.top)
+      for (const auto& [key, x] : c.customized_coc)
+        v.insert(x);
+    return v;
+  };
+  const PlanResult ascend = search("ascend-910b", std::nullopt);
+  EXPECT_TRUE(values(ascend).count(-1)) << "the LCOC fused kernels are searched";
+  const PlanResult script = search("ascend-910b", std::vector<std::string>{"mindspeed_coc"});
+  EXPECT_FALSE(values(script).count(-1)) << "no fused kernels on this platform";
+  EXPECT_TRUE(values(script).count(2) || values(script).count(4) || values(script).count(8));
+  const PlanResult none = search("ascend-910b", std::vector<std::string>{});
+  EXPECT_TRUE(values(none).empty());
+  for (const auto& c : none.top)
+    EXPECT_FALSE(c.tp_comm_overlap);
+  const PlanResult nvidia = search("h100-sxm", std::nullopt);
+  EXPECT_TRUE(values(nvidia).empty()) << "Megatron-LM has no per-shape CoC";
+  bool overlapped = false;
+  for (const auto& c : nvidia.top) {
+    if (c.tp_comm_overlap) overlapped = true;
+    if (c.layout.tp == 1 || !c.layout.sequence_parallel) {
+      EXPECT_FALSE(c.tp_comm_overlap) << c.describe() << ": --tp-comm-overlap needs tp and SP";
+    }
+  }
+  EXPECT_TRUE(overlapped);
+  for (const PlanResult* res : {&nvidia, &none})
+    for (const char* ascend_flag : {"--use-ascend-coc", "--coc-fused-kernel", "--coc-parallel-num"})
+      EXPECT_EQ(winner_flags(*res).find(ascend_flag), std::string::npos) << winner_flags(*res);
+  // The profile key is strict.
+  const std::string base = "name: x\nbase: ascend-910b\n";
+  EXPECT_THROW((void)parse_device_profile(base + "tp_overlap: [nccl_magic]\n", "p.yaml"), Error);
+  EXPECT_THROW(
+      (void)parse_device_profile(base + "tp_overlap: [te_userbuffers, lcoc_fused]\n", "p.yaml"),
+      Error);
+  EXPECT_TRUE(load_named_profile("a100-sxm-cuda11").tp_overlap.empty());
+  EXPECT_TRUE(load_named_profile("a100-sxm").has_tp_overlap("te_userbuffers"));
+}
+
+// #34: a dtype plan does not search, and more threads than oneTBB can use, are not taken as
+// given.
+TEST(Plan, DtypeAndThreadsTakeEffectOrAreErrors) {
+  PlanQuery r = small_request();
+  r.compare_heuristic = false;
+  for (const DType t : {DType::f64, DType::i8}) {
+    r.dtype = t;
+    testing::expect_error([&] { (void)plan(r); }, Errc::invalid_argument,
+                          {std::string(name_of(t)), "allowed: bf16, f32"});
+  }
+  r.dtype = DType::bf16;
+  r.threads = 1024;
+  const PlanResult res = plan(r);
+  EXPECT_LT(res.threads, 1024);
+  EXPECT_NE(res.threads_note.find("--threads 1024"), std::string::npos) << res.threads_note;
+  EXPECT_NE(format_plan(res).find("--threads 1024"), std::string::npos);
+}
+
 TEST(Plan, BadInputIsAClearError) {
   PlanQuery r = small_request();
   r.global_batch = 7;  // no mbs·dp divides it but dp 1, which does not fit 8 devices' layouts?
@@ -314,6 +441,19 @@ TEST(PlanCli, WinnerReproducesInTrain) {
   ASSERT_FALSE(pt.is_null());
   EXPECT_NEAR(pt["iteration_ns"].get<double>() / d["best"]["iteration_ns"].get<double>(), 1.0, 0.01)
       << train;
+  // The explanation of the newcomer's run (#33 item 17) prints no negative remainder.
+  const auto k = run_json(
+      "plan --model llama2-70b --nodes 64 --global-batch 1000 --seq 4096 --threads 1 "
+      "--no-heuristic-compare --top 2 --out-dir " +
+          dir + "/k",
+      dir + "/k.json", &out);
+  ASSERT_FALSE(k.is_null());
+  const std::string why = k["explanation"].get<std::string>();
+  EXPECT_EQ(why.find("remaining -"), std::string::npos) << why;
+  EXPECT_EQ(why.find("by -"), std::string::npos) << why;
+  const std::string f64 = run("plan --model llama2-7b --global-batch 8 --dtype f64", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(f64.find("--dtype"), std::string::npos) << f64;
   // Bad input from the command line: one line naming the value.
   const std::string bad = run("plan --model no-such-model --global-batch 8", &status);
   EXPECT_NE(status, 0);

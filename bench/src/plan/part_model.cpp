@@ -47,9 +47,11 @@ Span comm(double ns) {
 /// One TP group's (and its CP group's) pricing for one micro-batch.
 class Pricer {
  public:
-  Pricer(const TrainSetup& setup, std::int64_t batch, std::map<std::string, int>* tuned)
+  Pricer(const TrainSetup& setup, std::int64_t batch, std::map<std::string, int>* tuned,
+         const std::vector<int>& values)
       : s_(setup),
         tuned_(tuned),
+        values_(values),
         p_(*setup.profile),
         m_(setup.options.model),
         l_(setup.options.layout),
@@ -122,7 +124,7 @@ class Pricer {
     if (const auto it = tuned_->find(key); it != tuned_->end()) return run(it->second);
     int best_value = 1;
     Span best = run(1);
-    for (const int v : {2, 4, 8, -1}) {
+    for (const int v : values_) {
       const Span sp = run(v);
       if (sp.ns < best.ns) {
         best = sp;
@@ -376,6 +378,7 @@ class Pricer {
  private:
   const TrainSetup& s_;
   std::map<std::string, int>* tuned_;
+  const std::vector<int>& values_;
   const DeviceProfile& p_;
   const layers::train::DecoderShape& m_;
   const layers::train::TrainLayout& l_;
@@ -390,9 +393,9 @@ PartCost cost_of(const Span& s, double exposed_cp = 0) {
 }
 
 /// One micro-batch (or one copy's half of it) through each part.
-StepParts price_copy(const TrainSetup& setup, std::int64_t batch,
-                     std::map<std::string, int>* tuned) {
-  const Pricer pr(setup, batch, tuned);
+StepParts price_copy(const TrainSetup& setup, std::int64_t batch, std::map<std::string, int>* tuned,
+                     const std::vector<int>& values) {
+  const Pricer pr(setup, batch, tuned, values);
   const auto& md = setup.options.model;
   const auto& l = setup.options.layout;
   const std::size_t e = size_of(l.dtype);
@@ -485,10 +488,11 @@ PartCost paired(const PartCost& half) {
 
 }  // namespace
 
-StepParts price_parts(const TrainSetup& setup, std::map<std::string, int>* tuned) {
+StepParts price_parts(const TrainSetup& setup, std::map<std::string, int>* tuned,
+                      const std::vector<int>& values) {
   const auto& l = setup.options.layout;
-  if (l.micro_batch_interleave == 1) return price_copy(setup, l.micro_batch_size, tuned);
-  const StepParts h = price_copy(setup, l.micro_batch_size / 2, tuned);
+  if (l.micro_batch_interleave == 1) return price_copy(setup, l.micro_batch_size, tuned, values);
+  const StepParts h = price_copy(setup, l.micro_batch_size / 2, tuned, values);
   return {paired(h.layer_fwd),     paired(h.layer_bwd), paired(h.embedding_fwd),
           paired(h.embedding_bwd), paired(h.loss_fwd),  paired(h.loss_bwd)};
 }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <tbb/concurrent_hash_map.h>
+#include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -12,8 +13,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <numeric>
-#include <thread>
 
 #include "cocemu/bench/plan/part_model.h"
 #include "cocemu/bench/train/step_model.h"
@@ -73,7 +72,15 @@ namespace {
 struct PartsEntry {
   StepParts parts;
   std::map<std::string, int> tuned;
+  bool tp_comm_overlap = false;  ///< priced with Megatron-LM's --tp-comm-overlap on
 };
+
+/// What one micro-batch of every part costs on a stage holding all `layers` (to compare two
+/// pricings of the same layout).
+double micro_batch_ns(const StepParts& p, std::int64_t layers) {
+  return double(layers) * (p.layer_fwd.ns + p.layer_bwd.ns) + p.embedding_fwd.ns +
+         p.embedding_bwd.ns + p.loss_fwd.ns + p.loss_bwd.ns;
+}
 
 class Evaluator {
  public:
@@ -103,12 +110,39 @@ class Evaluator {
     }
     // The first thread to miss prices the parts while holding the entry; others wait for it.
     Map::accessor a;
-    if (parts_.insert(a, key)) {
-      auto e = std::make_shared<PartsEntry>();
-      e->parts = price_parts(s, &e->tuned);
-      a->second = std::move(e);
-    }
+    if (parts_.insert(a, key)) a->second = price(s);
     return a->second;
+  }
+
+  /// The parts with the TP overlap the platform has (its profile's tp_overlap): per GEMM shape
+  /// among MindSpeed's script splits and the LCOC fused kernel, or Megatron-LM's
+  /// --tp-comm-overlap for every TP linear (priced as the fused kernels) when it is faster.
+  std::shared_ptr<const PartsEntry> price(const TrainSetup& s) const {
+    auto e = std::make_shared<PartsEntry>();
+    const TrainLayout& l = s.options.layout;
+    const DeviceProfile& p = *r_.profile;
+    if (p.has_tp_overlap("te_userbuffers")) {
+      e->parts = price_parts(s);
+      if (l.tp > 1 && l.sequence_parallel) {  // Megatron asserts SP with --tp-comm-overlap
+        TrainSetup fused = s;
+        fused.options.linear = layers::options_for(plan_coc_config(), layers::Strategy::fused, 1);
+        const StepParts f = price_parts(fused);
+        if (micro_batch_ns(f, r_.model.num_layers) <
+            micro_batch_ns(e->parts, r_.model.num_layers)) {
+          e->parts = f;
+          e->tp_comm_overlap = true;
+        }
+      }
+      return e;
+    }
+    std::vector<int> values;
+    if (p.has_tp_overlap("mindspeed_coc")) values = {2, 4, 8};
+    if (p.has_tp_overlap("lcoc_fused")) values.push_back(-1);
+    if (values.empty())
+      e->parts = price_parts(s);
+    else
+      e->parts = price_parts(s, &e->tuned, values);
+    return e;
   }
 
   PlanCandidate evaluate(const TrainLayout& l) {
@@ -121,6 +155,7 @@ class Evaluator {
     TrainSetup s = setup_for(c.layout);
     const auto e = parts(s);
     c.customized_coc = e->tuned;
+    c.tp_comm_overlap = e->tp_comm_overlap;
     c.report = replay_step(s, e->parts, &collectives_, false);
     return c;
   }
@@ -156,6 +191,10 @@ void check_request(const PlanQuery& r) {
   COCEMU_CHECK_ARG(r.top_k >= 1 && r.top_k <= 1000, "plan: --top {}; allowed 1..1000", r.top_k);
   COCEMU_CHECK_ARG(r.threads >= 0 && r.threads <= 1024, "plan: --threads {}; allowed 0..1024",
                    r.threads);
+  COCEMU_CHECK_ARG(r.dtype == DType::bf16 || r.dtype == DType::f32,
+                   "plan: --dtype {} is not searched; allowed: bf16, f32 (training dtypes with a "
+                   "peak rate in every profile; f64 is for `cocemu train`'s accuracy runs)",
+                   name_of(r.dtype));
 }
 
 }  // namespace
@@ -249,39 +288,36 @@ PlanCandidate evaluate_candidate(const PlanQuery& r, const TrainLayout& l) {
 namespace {
 
 /// Layers per stage minimising the slowest stage (forward + backward of one micro-batch), the
-/// embedding on the first stage and the LM head and loss on the last: dynamic programming over
-/// (stages, layers), O(pp · L²).
+/// embedding on the first stage and the LM head and loss on the last, among the partitions
+/// Megatron-LM can run: the first and the last stage free (--decoder-first-pipeline-num-layers,
+/// --decoder-last-pipeline-num-layers), the middle stages equal. Ties go to the partition
+/// closest to the even split. O(L²).
 std::vector<std::int64_t> balanced_stages(const StepParts& p, int pp, std::int64_t layers) {
   const double layer = p.layer_fwd.ns + p.layer_bwd.ns;
   const double first = p.embedding_fwd.ns + p.embedding_bwd.ns,
                last = p.loss_fwd.ns + p.loss_bwd.ns;
-  const auto L = std::size_t(layers), P = std::size_t(pp);
-  const double inf = std::numeric_limits<double>::infinity();
-  // best[s][i]: the slowest of stages 0..s holding the first i layers; cut[s][i]: stage s's start.
-  std::vector<std::vector<double>> best(P, std::vector<double>(L + 1, inf));
-  std::vector<std::vector<std::size_t>> cut(P, std::vector<std::size_t>(L + 1, 0));
-  auto cost = [&](std::size_t s, std::size_t n) {
-    return double(n) * layer + (s == 0 ? first : 0) + (s + 1 == P ? last : 0);
-  };
-  for (std::size_t i = 1; i <= L; ++i)
-    best[0][i] = cost(0, i);
-  for (std::size_t s = 1; s < P; ++s)
-    for (std::size_t i = s + 1; i <= L; ++i)
-      for (std::size_t j = s; j < i; ++j) {
-        const double v = std::max(best[s - 1][j], cost(s, i - j));
-        if (v < best[s][i]) {
-          best[s][i] = v;
-          cut[s][i] = j;
-        }
+  const std::int64_t middle = pp - 2, even = layers / pp;
+  std::vector<std::int64_t> best;
+  double best_cost = std::numeric_limits<double>::infinity();
+  std::int64_t best_distance = 0;
+  for (std::int64_t f = 1; f < layers; ++f)
+    for (std::int64_t k = middle > 0 ? 1 : 0; k == 0 || f + k * middle < layers; ++k) {
+      const std::int64_t l = layers - f - k * middle;
+      if (l < 1) break;
+      const double cost = std::max({first + double(f) * layer, double(l) * layer + last,
+                                    middle > 0 ? double(k) * layer : 0.0});
+      const std::int64_t distance =
+          std::abs(f - even) + std::abs(l - even) + (middle > 0 ? std::abs(k - even) : 0);
+      if (cost < best_cost || (cost == best_cost && distance < best_distance)) {
+        best_cost = cost;
+        best_distance = distance;
+        best.assign(std::size_t(pp), k);
+        best.front() = f;
+        best.back() = l;
       }
-  std::vector<std::int64_t> out(P);
-  std::size_t i = L;
-  for (std::size_t s = P; s-- > 0;) {
-    const std::size_t j = s == 0 ? 0 : cut[s][i];
-    out[s] = std::int64_t(i - j);
-    i = j;
-  }
-  return out;
+      if (middle == 0) break;  // two stages: the last takes the rest
+    }
+  return best;
 }
 
 bool better(const PlanCandidate& a, const PlanCandidate& b) {
@@ -434,40 +470,56 @@ Assessed assess(const PlanQuery& q, Evaluator& ev, TrainLayout l) {
   }
 }
 
-/// Why the winner beats the runner-up: the terms that differ, largest first.
-std::string explain(const PlanCandidate& a, const PlanCandidate& b) {
+/// What one candidate's iteration is spent on, per device averaged over stages (ms): the
+/// pipeline bubble without the waits for transfers, exposed TP, CP, DP and PP communication,
+/// and device compute (busy time without the exposed TP and CP communication inside it).
+std::vector<std::pair<std::string, double>> iteration_terms(const TrainReport& r) {
+  auto exposed = [&](const char* k) {
+    const auto it = r.exposed_comm_ns.find(k);
+    return it == r.exposed_comm_ns.end() ? 0.0 : it->second / 1e6;
+  };
+  const double span = r.pipeline_span_ns / 1e6;
+  const double idle = r.bubble_fraction * span;  // holds the PP waits
+  return {{"pipeline bubble", idle - exposed("PP")},
+          {"exposed TP communication", exposed("TP")},
+          {"exposed CP communication", exposed("CP")},
+          {"exposed DP communication", exposed("DP")},
+          {"exposed PP communication", exposed("PP")},
+          {"device compute", span - idle - exposed("TP") - exposed("CP")}};
+}
+
+/// Why the winner beats the runner-up: the terms that differ, largest first, and what they
+/// leave (the optimizer step and stages finishing at different times).
+std::string explain(const PlanCandidate& a, const PlanCandidate& b,
+                    std::vector<std::pair<std::string, double>>& out) {
   const TrainReport &x = a.report, &y = b.report;
   const double gap = double(y.iteration_ns - x.iteration_ns) / 1e6;
+  const auto ta = iteration_terms(x), tb = iteration_terms(y);
   std::vector<std::pair<double, std::string>> terms;
-  auto term = [&](const std::string& name, double va, double vb) {
-    if (std::abs(vb - va) > 1e-3) terms.push_back({vb - va, name});
-  };
-  const double it_a = double(x.iteration_ns) / 1e6, it_b = double(y.iteration_ns) / 1e6;
-  term("pipeline bubble", x.bubble_fraction * it_a, y.bubble_fraction * it_b);
-  for (const char* k : {"TP", "CP", "DP", "PP"}) {
-    const auto fa = x.exposed_comm_ns.find(k), fb = y.exposed_comm_ns.find(k);
-    term(fmt::format("exposed {} communication", k),
-         fa == x.exposed_comm_ns.end() ? 0 : fa->second / 1e6,
-         fb == y.exposed_comm_ns.end() ? 0 : fb->second / 1e6);
+  double sum = 0;
+  for (std::size_t i = 0; i < ta.size(); ++i) {
+    const double d = tb[i].second - ta[i].second;
+    sum += d;
+    out.push_back({ta[i].first, d});
+    if (std::abs(d) >= 0.05) terms.push_back({d, ta[i].first});  // shown to 0.1 ms
   }
+  const double rest = gap - sum;
+  out.push_back({"optimizer step and stage imbalance", rest});
+  if (std::abs(rest) >= 0.05) terms.push_back({rest, "optimizer step and stage imbalance"});
   std::sort(terms.begin(), terms.end(),
             [](const auto& p, const auto& q) { return std::abs(p.first) > std::abs(q.first); });
   std::string s = fmt::format(
       "The winner ({}) is {:.1f} ms ({:.1f}%) faster per iteration than "
       "the runner-up ({}).",
-      a.describe(), gap, 100 * gap / it_b, b.describe());
+      a.describe(), gap, 100 * gap / (double(y.iteration_ns) / 1e6), b.describe());
   std::string parts;
-  for (std::size_t i = 0; i < terms.size() && i < 4; ++i)
+  for (std::size_t i = 0; i < terms.size(); ++i)
     parts += fmt::format("{}{} {} by {:.1f} ms", i ? "; " : "", terms[i].second,
                          terms[i].first > 0 ? "lower" : "higher", std::abs(terms[i].first));
-  if (!parts.empty()) s += " Per iteration and device (averaged over stages): " + parts + ".";
-  const double rest = std::accumulate(terms.begin(), terms.end(), gap,
-                                      [](double left, const auto& t) { return left - t.first; });
-  if (std::abs(rest) > 0.05)
-    s += fmt::format(
-        " The remaining {:.1f} ms is device compute (micro-batch shape, recompute, "
-        "the optimizer).",
-        rest);
+  if (!parts.empty())
+    s += " Per iteration and device (averaged over stages; the bubble without the waits for "
+         "pipeline transfers, which count as exposed PP): " +
+         parts + ".";
   return s;
 }
 
@@ -479,8 +531,14 @@ PlanResult plan(const PlanQuery& request) {
   PlanResult res;
   res.request = request;
   res.world = world_of(request);
-  const int threads = request.threads > 0 ? request.threads
-                                          : int(std::max(1u, std::thread::hardware_concurrency()));
+  // oneTBB runs at most its default concurrency (the cores this process may use); a larger
+  // request is capped, and the result says so.
+  const int cores = std::max(1, tbb::info::default_concurrency());
+  const int threads = request.threads > 0 ? std::min(request.threads, cores) : cores;
+  if (request.threads > cores)
+    res.threads_note =
+        fmt::format("--threads {} is more than the {} core(s) oneTBB can use here: searched on {}",
+                    request.threads, cores, threads);
   res.threads = threads;
   Evaluator ev(request);
 
@@ -497,6 +555,13 @@ PlanResult plan(const PlanQuery& request) {
                      "for the counts by reason",
                      request.model.name, res.world, request.global_batch);
     res.top.push_back(std::move(*best));
+    if (res.top[0].layout.micro_batch_interleave > 1) {
+      // Megatron-LM and MindSpeed have no multi-copy: their flags take the same layout in one
+      // copy, when it is valid.
+      TrainLayout one = res.top[0].layout;
+      one.micro_batch_interleave = 1;
+      if (prune_reason(request, one, ev.memo()).empty()) res.flags_winner = ev.evaluate(one);
+    }
   } else {
     std::vector<TrainLayout> layouts = enumerate_layouts(request);
     COCEMU_CHECK_ARG(!layouts.empty(),
@@ -504,24 +569,9 @@ PlanResult plan(const PlanQuery& request) {
                      "pp ≤ {} layers",
                      res.world, request.profile->topology.devices_per_node,
                      request.model.num_layers);
-    if (request.mode == SearchMode::dynamic_programming) {
-      // Uneven partitions: every pp that does not divide the layers becomes possible too.
-      const int world = res.world;
-      for (const int tp : powers_of_two_up_to(request.profile->topology.devices_per_node))
-        for (const int cp : powers_of_two_up_to(request.max_cp))
-          for (int pp = 2; pp <= request.model.num_layers; ++pp) {
-            if (world % (tp * cp * pp) || request.model.num_layers % pp == 0) continue;
-            for (const TrainLayout& base : layouts)
-              if (base.tp == tp && base.cp == cp && base.pp == 1 && base.vpp == 1) {
-                TrainLayout l = base;
-                l.pp = pp;
-                l.dp = world / (tp * cp * pp);
-                if (l.distributed_optimizer && l.dp * l.cp == 1) continue;
-                l.stage_layers.assign(std::size_t(pp), 0);  // filled by the partition below
-                layouts.push_back(l);
-              }
-          }
-    }
+    // dynamic_programming needs no candidates of its own: the space already holds every pp
+    // that does not divide the layers (the exhaustive search prunes them), and assess() gives
+    // each 1F1B one its balanced partition, once.
     res.enumerated = std::int64_t(layouts.size());
     std::vector<Assessed> assessed(layouts.size());
     tbb::task_arena arena(threads);
@@ -559,6 +609,15 @@ PlanResult plan(const PlanQuery& request) {
     }
     const std::size_t k = std::min<std::size_t>(std::size_t(request.top_k), all.size());
     std::partial_sort(all.begin(), all.begin() + std::ptrdiff_t(k), all.end(), better);
+    if (all.front().layout.micro_batch_interleave > 1) {
+      // Megatron-LM and MindSpeed have no multi-copy: their flags take the best candidate in
+      // one copy.
+      std::optional<std::size_t> one;
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (all[i].layout.micro_batch_interleave == 1 && (!one || better(all[i], all[*one])))
+          one = i;
+      if (one) res.flags_winner = all[*one];
+    }
     all.resize(k);
     res.top = std::move(all);
     if (request.compare_heuristic) {
@@ -570,7 +629,7 @@ PlanResult plan(const PlanQuery& request) {
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (res.evaluation_seconds == 0) res.evaluation_seconds = res.seconds;
   res.candidates_per_s = double(res.enumerated) / std::max(res.evaluation_seconds, 1e-9);
-  if (res.top.size() >= 2) res.explanation = explain(res.top[0], res.top[1]);
+  if (res.top.size() >= 2) res.explanation = explain(res.top[0], res.top[1], res.explanation_terms);
   return res;
 }
 
@@ -581,6 +640,7 @@ namespace {
 
 std::string coc_summary(const PlanCandidate& c) {
   if (c.layout.tp == 1) return "-";
+  if (c.tp_comm_overlap) return "tp-comm-overlap";
   std::map<int, int> n;
   for (const auto& [key, v] : c.customized_coc)
     ++n[v];
@@ -616,6 +676,8 @@ std::string format_plan(const PlanResult& r) {
       r.threads, r.evaluation_seconds, r.candidates_per_s);
   for (const auto& [reason, n] : r.pruned)
     s += fmt::format("  pruned {:>7}  {}\n", n, reason);
+  if (!r.threads_note.empty()) s += "  note: " + r.threads_note + "\n";
+  s += "TP overlap searched (the profile's tp_overlap): " + tp_overlap_summary(*q.profile) + "\n";
   s += fmt::format(
       "\n{:>2}  {:<58} {:>10} {:>9} {:>7} {:>6} {:>8} {:>7}  {:>7} {:>7} {:>7} "
       "{:>7}  {}\n",
@@ -632,6 +694,12 @@ std::string format_plan(const PlanResult& r) {
         exposed(t, "CP"), exposed(t, "DP"), exposed(t, "PP"), coc_summary(c));
   }
   if (!r.explanation.empty()) s += "\n" + r.explanation + "\n";
+  if (r.flags_winner)
+    s += fmt::format(
+        "\nThe winner uses MindSpore's multi-copy (micro_batch_interleave_num 2), which "
+        "Megatron-LM and MindSpeed do not have: the flags file holds the best layout they can "
+        "run, {} at {:.1f} ms.\n",
+        r.flags_winner->describe(), double(r.flags_winner->report.iteration_ns) / 1e6);
   if (r.heuristic && !r.top.empty()) {
     const double h = double(r.heuristic->report.iteration_ns),
                  best = double(r.top[0].report.iteration_ns);
@@ -653,6 +721,7 @@ nlohmann::json to_json(const PlanResult& r) {
     j["stage_layers"] = c.layout.stage_layers;
     j["micro_batch_interleave_num"] = c.layout.micro_batch_interleave;
     j["cp_algo"] = c.layout.cp_algo;
+    j["tp_comm_overlap"] = c.tp_comm_overlap;
     return j;
   };
   nlohmann::json j;
@@ -676,83 +745,17 @@ nlohmann::json to_json(const PlanResult& r) {
     j["candidates"].push_back(cand(c));
   if (!r.top.empty()) j["best"] = cand(r.top[0]);
   j["explanation"] = r.explanation;
+  j["explanation_terms_ms"] = nlohmann::json::object();
+  for (const auto& [name, ms] : r.explanation_terms)
+    j["explanation_terms_ms"][name] = ms;
+  if (r.flags_winner) j["flags_candidate"] = cand(*r.flags_winner);
+  if (!r.threads_note.empty()) j["threads_note"] = r.threads_note;
+  j["tp_overlap"] = r.request.profile->tp_overlap;
   if (r.heuristic) {
     j["heuristic"] = cand(*r.heuristic);
     j["heuristic_evaluated"] = r.heuristic_evaluated;
   }
   return j;
-}
-
-std::string winner_yaml(const PlanResult& r) {
-  COCEMU_CHECK_ARG(!r.top.empty(), "plan: no winner to write");
-  const PlanCandidate& c = r.top[0];
-  const TrainLayout& l = c.layout;
-  std::string s = fmt::format(
-      "# cocemu plan's winner: {}\n"
-      "# modeled {:.1f} ms per iteration, {:.1f}% MFU on {} × {} {}.\n"
-      "# Reproduce: cocemu train --config THIS_FILE --dry-run\n",
-      c.describe(), double(c.report.iteration_ns) / 1e6, 100 * c.report.mfu, r.request.nodes,
-      r.request.profile->topology.devices_per_node, r.request.profile->name);
-  s += fmt::format("parallel:\n  gradients_mean: true\n  enable_parallel_optimizer: {}\n",
-                   l.distributed_optimizer);
-  s += fmt::format(
-      "parallel_config:\n  data_parallel: {}\n  model_parallel: {}\n  context_parallel: {}\n"
-      "  pipeline_stage: {}\n  use_seq_parallel: {}\n  micro_batch_num: {}\n",
-      l.dp, l.tp, l.cp, l.pp, l.sequence_parallel, l.micro_batches());
-  if (l.vpp > 1) s += fmt::format("  pp_interleave_num: {}\n", l.vpp);
-  if (l.cp > 1) s += fmt::format("  context_parallel_algo: {}\n", l.cp_algo);
-  s += fmt::format("micro_batch_interleave_num: {}\n", l.micro_batch_interleave);
-  s += fmt::format("recompute_config:\n  recompute: {}\n  select_recompute: {}\n",
-                   l.recompute == Recompute::full, l.recompute == Recompute::selective);
-  s += fmt::format("runner_config:\n  batch_size: {}\n", l.micro_batch_size);
-  s += fmt::format(
-      "train:\n  model: {}\n  profile: {}\n  nodes: {}\n  seq_length: {}\n"
-      "  dtype: {}\n",
-      r.request.model_name, r.request.profile_name, r.request.nodes, r.request.model.seq,
-      name_of(l.dtype));
-  if (l.overlap_param_gather) s += "  overlap_param_gather: true\n";
-  if (l.cross_entropy_fusion) s += "  cross_entropy_loss_fusion: true\n";
-  s += fmt::format("  deterministic: {}  # {}\n", r.request.deterministic,
-                   r.request.deterministic ? "rank-ordered collectives"
-                                           : "NCCL/HCCL's collective algorithms, as priced");
-  if (l.tp > 1) s += "  coc_config: plan.coc.yaml  # customized_coc per GEMM shape\n";
-  if (!l.stage_layers.empty()) {
-    s += "  stage_layers: [";
-    for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
-      s += fmt::format("{}{}", i ? ", " : "", l.stage_layers[i]);
-    s += "]  # dynamic_programming's partition\n";
-  }
-  return s;
-}
-
-std::string winner_flags(const PlanResult& r) {
-  COCEMU_CHECK_ARG(!r.top.empty(), "plan: no winner to write");
-  const TrainLayout& l = r.top[0].layout;
-  std::string s = fmt::format(
-      "--tensor-model-parallel-size {} --pipeline-model-parallel-size {} "
-      "--context-parallel-size {} --micro-batch-size {} --global-batch-size {} --seq-length {}",
-      l.tp, l.pp, l.cp, l.micro_batch_size, l.global_batch_size, r.request.model.seq);
-  if (l.vpp > 1)
-    s += fmt::format(" --num-layers-per-virtual-pipeline-stage {}",
-                     r.request.model.num_layers / (l.pp * l.vpp));
-  if (l.sequence_parallel) s += " --sequence-parallel";
-  s += " --overlap-grad-reduce";
-  if (l.distributed_optimizer) s += " --use-distributed-optimizer --overlap-param-gather";
-  if (l.cross_entropy_fusion) s += " --cross-entropy-loss-fusion";
-  if (l.recompute == Recompute::selective) s += " --recompute-activations";
-  if (l.recompute == Recompute::full)
-    s += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
-  if (l.cp > 1) s += " --context-parallel-algo " + l.cp_algo;
-  if (l.tp > 1) s += " --use-ascend-coc --coc-fused-kernel  # with plan.coc.yaml's customized_coc";
-  if (l.micro_batch_interleave > 1) s += "  # MindSpore only: micro_batch_interleave_num 2";
-  if (!l.stage_layers.empty()) {
-    s += "  # layers per stage";
-    for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
-      s += fmt::format("{}{}", i ? "/" : " ", l.stage_layers[i]);
-    s += " (Megatron sets only the first and last: --decoder-first-pipeline-num-layers, "
-         "--decoder-last-pipeline-num-layers)";
-  }
-  return s;
 }
 
 }  // namespace cocemu::bench

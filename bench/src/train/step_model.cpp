@@ -469,6 +469,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     dps += exposed_dp[std::size_t(s)] + norm_ns;
   }
   rep.bubble_fraction = idle / pp;
+  rep.pipeline_span_ns = last_end - first_start;
   rep.ideal_bubble_fraction = layers::train::ideal_bubble_fraction(pp, vpp, m);
   rep.exposed_comm_ns = {{"TP", tp / pp}, {"CP", cps / pp}, {"DP", dps / pp}, {"PP", pps / pp}};
   rep.memory = estimate_memory(o.model, l, prof, memo);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cocemu/bench/layer_bench.h"
+#include "cocemu/bench/train/train_report.h"
 
 namespace cocemu::bench {
 
@@ -25,8 +26,17 @@ struct TuneResult {
 
 /// The "[m, k, n]" key each CoC segment's op looks up (m: tokens, gathered under SP).
 std::string segment_key(const BenchConfig& config, const std::string& segment);
+/// Every "[m, k, n]" key the layer's TP linears look up (forward and backward of each), sorted.
+std::vector<std::string> layer_gemm_keys(const BenchConfig& config);
 /// Models the candidates (dry run) and picks per shape; `base` supplies the other keys.
-TuneResult tune(BenchConfig config, const layers::CocConfig& base);
+/// `values`: the customized_coc values tried besides 1 (off): 2/4/8 script splits, -1 fused
+/// (e.g. {2, 4, 8} without the fused kernels).
+TuneResult tune(BenchConfig config, const layers::CocConfig& base,
+                const std::vector<int>& values = {2, 4, 8, -1});
+/// A layer of `model` as the run of `setup` has it on one device: tokens per micro-batch copy on
+/// one context-parallel rank (seq / cp × micro-batch / copies), its tp, sequence parallelism and
+/// dtype, so tuned keys match that run's GEMMs.
+BenchConfig bench_config_for_run(const TrainSetup& setup);
 /// The config as YAML that `cocemu bench --coc-config` and load_coc_config accept, with the
 /// explanations as comments.
 std::string to_yaml(const TuneResult& result);

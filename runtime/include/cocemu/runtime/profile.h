@@ -91,6 +91,14 @@ struct DeviceProfile {
   /// Dotted keys of the numbers no public source pins down (`assumptions:` in the YAML), each a
   /// key `scaled` accepts; sensitivity analyses scale them one at a time.
   std::vector<std::string> assumptions;
+  /// The TP communication overlap the platform's training software offers (`tp_overlap:`), as
+  /// the framework names it: "mindspeed_coc" (MindSpeed's script-side CoC: --use-ascend-coc,
+  /// --coc-parallel-num and customized_coc), "lcoc_fused" (Ascend's LCOC fused kernels,
+  /// --coc-fused-kernel) and "te_userbuffers" (Megatron-LM's --tp-comm-overlap on Transformer
+  /// Engine's userbuffers). Empty: none (the key absent). `cocemu plan` searches only these, and
+  /// `cocemu train` refuses a platform flag whose mechanism is not listed.
+  std::vector<std::string> tp_overlap;
+  bool has_tp_overlap(const std::string& mechanism) const;
 
   double peak(DType t) const;
   /// A copy with the parameter at dotted `key` (e.g. "host.launch_overhead_ns",

@@ -16,6 +16,7 @@
 /// pairing; the emulated step is the reference).
 #include <map>
 #include <string>
+#include <vector>
 
 #include "cocemu/bench/train/train_report.h"
 
@@ -32,9 +33,11 @@ struct StepParts {
 
 /// Priced from the cost model (no threads). Throws Errc::invalid_argument for what it does not
 /// model (hybrid CP, the double ring).
-/// With `tuned`, every TP op takes the fastest of serial, script P = 2/4/8 and fused for its
-/// [m, k, n] (what `cocemu tune` decides), recorded there as MindSpeed's customized_coc.
-StepParts price_parts(const TrainSetup& setup, std::map<std::string, int>* tuned = nullptr);
+/// With `tuned`, every TP op takes the fastest of serial and the customized_coc `values` (script
+/// P = 2/4/8, -1 fused; those the platform has) for its [m, k, n] (what `cocemu tune` decides),
+/// recorded there as MindSpeed's customized_coc.
+StepParts price_parts(const TrainSetup& setup, std::map<std::string, int>* tuned = nullptr,
+                      const std::vector<int>& values = {2, 4, 8, -1});
 /// Emulated (dry run) on one TP×CP group: one micro-batch through the embedding, one layer and
 /// the loss, each part measured on the modeled timeline of the rank where it takes longest.
 /// Starts rank threads.

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,10 @@ struct PlanQuery {
 struct PlanCandidate {
   layers::train::TrainLayout layout;
   std::map<std::string, int> customized_coc;  ///< "[m, k, n]" -> -1 fused, 1 off, 2/4/8
-  TrainReport report;                         ///< modeled (step model on priced parts)
-  std::string describe() const;               ///< layout and CoC in one line
+  /// Megatron-LM's --tp-comm-overlap for every TP linear (platforms with te_userbuffers).
+  bool tp_comm_overlap = false;
+  TrainReport report;            ///< modeled (step model on priced parts)
+  std::string describe() const;  ///< layout and CoC in one line
 };
 
 struct PlanResult {
@@ -80,6 +83,14 @@ struct PlanResult {
   /// The heuristic's best (recursive_programming) when compared, and its evaluations.
   std::optional<PlanCandidate> heuristic;
   std::int64_t heuristic_evaluated = 0;
+  /// What the explanation compares (ms per iteration and device, runner-up minus winner):
+  /// pipeline bubble, exposed TP/CP/DP/PP communication, device compute, and the rest
+  /// (optimizer step and stage imbalance); they sum to the gap.
+  std::vector<std::pair<std::string, double>> explanation_terms;
+  /// When the winner uses multi-copy (MindSpore only): the best candidate in one copy, which
+  /// the Megatron/MindSpeed flags describe.
+  std::optional<PlanCandidate> flags_winner;
+  std::string threads_note;  ///< --threads above the cores oneTBB can use: capped
 };
 
 /// The search. Throws Errc::invalid_argument for a request that cannot be searched (a global
@@ -102,9 +113,25 @@ layers::CocConfig plan_coc_config();
 
 std::string format_plan(const PlanResult& result);
 nlohmann::json to_json(const PlanResult& result);
-/// The winner as MindFormers `parallel_config` YAML (with cocemu's `train:` section, so
-/// `cocemu train --config FILE --dry-run` reproduces it), and as Megatron/MindSpeed flags.
+/// The winner as a MindFormers YAML (its parallel, parallel_config, recompute_config,
+/// runner_config and model.model_config keys with MindFormers' meaning, plus cocemu's `train:`
+/// section, so `cocemu train --config FILE --dry-run --engine priced` reproduces it; its CoC
+/// file, plan.coc.yaml, is named relative to it).
 std::string winner_yaml(const PlanResult& result);
+/// The candidate the flags describe: the winner, or flags_winner when the winner needs
+/// multi-copy.
+const PlanCandidate& flags_candidate(const PlanResult& result);
+/// Megatron-LM flags, with MindSpeed's (--use-ascend-coc, --context-parallel-algo …) on a
+/// MindSpeed platform and Megatron-LM's (--tp-comm-overlap, --cp-comm-type) elsewhere: one line,
+/// nothing but flags, so `$(cat FILE)` pastes it.
 std::string winner_flags(const PlanResult& result);
+/// customized_coc of `candidate` as a CoC config file ("" when it overlaps nothing).
+std::string winner_coc_yaml(const PlanResult& result, const PlanCandidate& candidate);
+/// The CoC file the flags' candidate goes with (in the output directory).
+std::string flags_coc_file(const PlanResult& result);
+/// `cocemu train` on the flags file in `out_dir`, reproducing the flags' candidate.
+std::string winner_train_command(const PlanResult& result, const std::string& out_dir);
+/// What TP overlap the profile's platform has, in words (the plan's header says it).
+std::string tp_overlap_summary(const DeviceProfile& profile);
 
 }  // namespace cocemu::bench

@@ -28,6 +28,8 @@ struct TrainSetup {
   /// chain); false: NCCL's and HCCL's algorithms (multi-channel rings, hierarchical all_reduce),
   /// as a cluster runs them by default.
   bool deterministic = true;
+  /// What the settings gave that takes no effect or is approximated (printed on stderr).
+  std::vector<std::string> notes;
 };
 
 struct MemoryTerm {
@@ -107,6 +109,9 @@ struct TrainReport {
   std::int64_t iteration_ns = 0;
   double tokens_per_s = 0, tflops_per_device = 0, mfu = 0;
   double bubble_fraction = 0, ideal_bubble_fraction = 0;
+  /// The pipeline's span (first action's start to last action's end) the bubble is a fraction
+  /// of (step model; 0 when not known).
+  double pipeline_span_ns = 0;
   std::map<std::string, double> exposed_comm_ns;  ///< TP, CP, DP, PP
   MemoryEstimate memory;
   std::vector<double> loss, grad_norm;  ///< empty in a dry run

@@ -31,6 +31,8 @@ class YamlReader {
   std::vector<std::pair<std::string, std::string>> strings(const std::string& key);
   /// Keys of this map, in file order (each marked as used).
   std::vector<std::string> keys();
+  /// Marks `key` as read without reading it (a key accepted and deliberately not used).
+  void skip(const std::string& key) { used_.insert(key); }
   /// Throws for every key not consumed by the calls above.
   void finish() const;
 

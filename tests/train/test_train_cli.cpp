@@ -322,6 +322,37 @@ TEST(TrainCli, BadLayoutsAreClearErrors) {
   }
 }
 
+// MindSpeed's _validate_cp_args divides the model's heads by tp·cp (Ulysses) or by the Ulysses
+// degree × tp (hybrid) once: LLaMA2-7B's 32 heads take tp4 cp4 Ulysses and tp8 cp4 hybrid with
+// Ulysses degree 2; tp4 cp16 (32 % 64) is refused with the model's head count.
+TEST(TrainCli, UlyssesAndHybridDivideTheModelsHeadsOnce) {
+  const std::string dir = " --out-dir " + ::testing::TempDir() + "/cocemu_train_cp";
+  int status = 0;
+  std::string out = cocemu(
+      "--dry-run --engine model --model llama2-7b --nodes 2 --tensor-model-parallel-size 4 "
+      "--context-parallel-size 4 --context-parallel-algo ulysses_cp_algo --global-batch-size 8" +
+          dir,
+      &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("tp4 cp4 dp1 pp1 mbs1 gbs8 1f1b sp ulysses"), std::string::npos) << out;
+  out = cocemu(
+      "--dry-run --engine model --model llama2-7b --nodes 4 --tensor-model-parallel-size 8 "
+      "--context-parallel-size 4 --context-parallel-algo hybrid_cp_algo --ulysses-degree-in-cp 2 "
+      "--global-batch-size 8" +
+          dir,
+      &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("hybrid-u2"), std::string::npos) << out;
+  out = cocemu(
+      "--dry-run --engine model --model llama2-7b --nodes 8 --tensor-model-parallel-size 4 "
+      "--context-parallel-size 16 --context-parallel-algo ulysses_cp_algo --global-batch-size 8" +
+          dir,
+      &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("num_attention_heads 32 must be divisible"), std::string::npos) << out;
+  EXPECT_NE(out.find("4 × 16"), std::string::npos) << out;
+}
+
 // --compare-coc runs every strategy and reports its gain over serial.
 TEST(TrainCli, CompareCocReportsEachStrategy) {
   const std::string dir = ::testing::TempDir() + "/cocemu_train_cmp";

@@ -219,8 +219,9 @@ std::string prune_reason(const PlanQuery& r, const TrainLayout& l, StepMemo* mem
     if (!m.flash_attention)
       return "cp: context-parallel attention is flash attention; the model's is unfused";
     if (m.seq % (2 * l.cp)) return "cp: sequence not divisible into 2·cp chunks";
-    if (l.cp_algo == "ulysses_cp_algo" && ((m.heads / l.tp) % l.cp || (m.kv() / l.tp) % l.cp))
-      return "ulysses: heads (or KV heads) per TP rank not divisible by cp";
+    // MindSpeed's _validate_cp_args: heads % (tp·cp); KV heads that do not divide are repeated.
+    if (l.cp_algo == "ulysses_cp_algo" && (m.heads / l.tp) % l.cp)
+      return "ulysses: heads per TP rank not divisible by cp";
   }
   if (l.stage_layers.empty() && m.num_layers % (std::int64_t(l.pp) * l.vpp))
     return "layers not divisible by pp·vpp (even split)";

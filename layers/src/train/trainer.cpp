@@ -637,10 +637,12 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
                    "context parallel attention runs its numerics in f32 or f64, not {}: use "
                    "--dtype f32 (or --dry-run to model {})",
                    name_of(l.dtype), name_of(l.dtype));
+  // MindSpeed's _validate_cp_args on the model's head counts (the rules divide by tp × cp, or by
+  // the Ulysses degree × tp, themselves).
   if (l.cp > 1)
     attn::validate(cp_config(l), {.batch = l.micro_batch_size,
-                                  .heads = o.model.heads / l.tp,
-                                  .kv_heads = o.model.kv() / l.tp,
+                                  .heads = o.model.heads,
+                                  .kv_heads = o.model.kv(),
                                   .seq = o.model.seq,
                                   .head_dim = o.model.hidden / o.model.heads,
                                   .dtype = l.dtype});

@@ -288,6 +288,92 @@ TEST(Memory, FirstStageHoldsKorthikantisLayerCount) {
     }
 }
 
+// Megatron builds the distributed optimizer on the data-parallel group with context parallelism
+// (intra_dp_cp_group), as the emulated ranks shard it (ParamBuffers over dp × cp): cp 4 dp 1
+// shards the state four ways, like cp 1 dp 4.
+TEST(Memory, DistributedOptimizerShardsOverDpTimesCp) {
+  DeviceProfile prof;
+  prof.memory_capacity = 1e12;
+  const DecoderShape m = gpt(4096, 32, 4096, 32);
+  auto optimizer = [&](int cp, int dp, bool dist) {
+    TrainLayout l;
+    l.tp = 2;
+    l.cp = cp;
+    l.dp = dp;
+    l.micro_batch_size = 1;
+    l.global_batch_size = dp;
+    l.distributed_optimizer = dist;
+    for (const auto& t : bench::estimate_memory(m, l, prof).terms)
+      if (t.name.rfind("optimizer state", 0) == 0) return t;
+    return bench::MemoryTerm{};
+  };
+  const double params = bench::stage_parameters(m, TrainLayout{.tp = 2}, 0);
+  const auto cp4 = optimizer(4, 1, true), dp4 = optimizer(1, 4, true),
+             none = optimizer(4, 1, false);
+  EXPECT_DOUBLE_EQ(none.bytes, params * 12);
+  EXPECT_DOUBLE_EQ(cp4.bytes, params * 12 / 4);
+  EXPECT_DOUBLE_EQ(dp4.bytes, cp4.bytes);
+  EXPECT_DOUBLE_EQ(optimizer(2, 2, true).bytes, params * 12 / 4);
+  EXPECT_NE(cp4.name.find("dp × cp"), std::string::npos) << cp4.name;
+}
+
+// Only the last stage's last chunk computes the loss: its logits are held for that chunk's
+// micro-batches in flight, counted from the schedule's action list. Interleaved, every forward
+// of that chunk is followed by its backward (one in flight) unless every action is warm-up
+// (micro-batches = pp); 1F1B's last stage holds one, GPipe every micro-batch.
+TEST(Memory, LossLogitsCountTheLastChunksMicroBatches) {
+  struct C {
+    PipelineSchedule s;
+    int pp, vpp, m, want;
+  };
+  for (const C& c :
+       {C{PipelineSchedule::interleaved, 4, 4, 8, 1}, C{PipelineSchedule::interleaved, 4, 2, 16, 1},
+        C{PipelineSchedule::interleaved, 8, 3, 16, 1}, C{PipelineSchedule::interleaved, 4, 2, 4, 4},
+        C{PipelineSchedule::one_f_one_b, 4, 1, 8, 1}, C{PipelineSchedule::gpipe, 4, 1, 8, 8}}) {
+    TrainLayout l;
+    l.pp = c.pp;
+    l.vpp = c.vpp;
+    l.schedule = c.s;
+    l.micro_batch_size = 1;
+    l.global_batch_size = c.m;
+    const std::string what = fmt::format("{} pp{} vpp{} m{}", to_string(c.s), c.pp, c.vpp, c.m);
+    EXPECT_EQ(bench::peak_loss_in_flight(l), c.want) << what;
+    // The estimate's logits term: that many micro-batches of [tokens, V/tp] logits, 2 + 4 bytes
+    // (a vocabulary large enough that the last stage is the fullest, whose terms are named).
+    DeviceProfile prof;
+    DecoderShape m = gpt(1024, 16, 2048, c.pp * c.vpp);
+    m.vocab = 1 << 21;
+    const auto est = bench::estimate_memory(m, l, prof);
+    ASSERT_EQ(est.stage, c.pp - 1) << what;
+    double logits = -1;
+    for (const auto& t : est.terms)
+      if (t.name.rfind("logits", 0) == 0) logits = t.bytes;
+    EXPECT_DOUBLE_EQ(logits, c.want * 2048.0 * double(m.vocab) * 6) << what;
+  }
+  // The LLaMA-3-8B layout of the review (pp4 vpp4, 64 micro-batches, cp 2): one micro-batch of
+  // 3.15 GB of logits on the last stage, not 13; stage 0 is the fullest.
+  DecoderShape llama3;
+  llama3.hidden = 4096;
+  llama3.heads = 32;
+  llama3.kv_heads = 8;
+  llama3.ffn = 14336;
+  llama3.num_layers = 32;
+  llama3.vocab = 128256;
+  llama3.seq = 8192;
+  TrainLayout l;
+  l.cp = 2;
+  l.pp = 4;
+  l.vpp = 4;
+  l.schedule = PipelineSchedule::interleaved;
+  l.micro_batch_size = 1;
+  l.global_batch_size = 64;
+  DeviceProfile prof;
+  prof.memory_capacity = 64e9;
+  const auto est = bench::estimate_memory(llama3, l, prof);
+  EXPECT_FALSE(est.oom) << est.verdict;
+  EXPECT_EQ(est.stage, 0) << est.verdict;
+}
+
 // An out-of-memory verdict names the numbers and the largest terms.
 TEST(Memory, OutOfMemoryVerdictNamesTheLargestTerms) {
   DeviceProfile prof;

@@ -163,6 +163,7 @@ struct ScheduleKeyHash {
 struct ScheduleEntry {
   std::vector<PipelineAction> actions;
   int peak_in_flight = 0;
+  int peak_last_chunk = 0;  ///< micro-batches of the last chunk in flight
 };
 
 }  // namespace
@@ -182,6 +183,7 @@ struct StepMemo::Impl {
     ScheduleEntry e;
     e.actions = layers::train::pipeline_actions(s, pp, vpp, m, stage);
     e.peak_in_flight = bench::peak_chunks_in_flight(e.actions);
+    e.peak_last_chunk = bench::peak_chunks_in_flight(e.actions, vpp - 1);
     return schedules.emplace(key, std::move(e)).first->second;  // elements never move
   }
 };
@@ -193,6 +195,10 @@ const std::vector<PipelineAction>& StepMemo::actions(layers::train::PipelineSche
 
 int StepMemo::peak_chunks_in_flight(const TrainLayout& l, int stage) {
   return impl_->schedule(l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage).peak_in_flight;
+}
+
+int StepMemo::peak_loss_in_flight(const TrainLayout& l) {
+  return impl_->schedule(l.schedule, l.pp, l.vpp, int(l.micro_batches()), l.pp - 1).peak_last_chunk;
 }
 
 StepMemo::StepMemo(std::shared_ptr<const DeviceProfile> profile)

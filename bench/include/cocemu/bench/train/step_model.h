@@ -43,6 +43,8 @@ class StepMemo {
                                                             int pp, int vpp, int m, int stage);
   /// peak_chunks_in_flight(layout, stage), from the memoized actions.
   int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
+  /// peak_loss_in_flight(layout), from the memoized actions.
+  int peak_loss_in_flight(const layers::train::TrainLayout& layout);
   std::size_t size() const;
 
  private:

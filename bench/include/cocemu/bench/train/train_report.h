@@ -64,8 +64,13 @@ std::vector<MemoryTerm> layer_activations(const layers::train::DecoderShape& mod
 /// Micro-batches whose activations a stage holds at once under the layout's schedule (counted
 /// from the schedule's order, in units of model chunks).
 int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
-/// The same, counted from a stage's action list.
-int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions);
+/// The same, counted from a stage's action list; with `chunk` ≥ 0, only that model chunk's
+/// micro-batches.
+int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions,
+                          int chunk = -1);
+/// Micro-batches whose logits the last stage holds at once: those of its last chunk (the one
+/// that computes the loss) in flight, from the same action list the schedule runs.
+int peak_loss_in_flight(const layers::train::TrainLayout& layout);
 class StepMemo;
 /// Per-device memory of the layout's fullest stage. `memo` (optional) supplies the schedules'
 /// in-flight counts when many layouts are estimated (a search).

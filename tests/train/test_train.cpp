@@ -253,14 +253,21 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     bool dist_opt;
     std::string cp_algo = "megatron_cp_algo";
     int copies = 1;
+    std::int64_t heads = 4;
   };
   for (const L& c :
        {L{1, 1, 1, 1, false}, L{2, 2, 1, 1, false}, L{4, 1, 2, 1, true}, L{2, 2, 2, 1, true},
         L{1, 4, 2, 1, false}, L{1, 1, 1, 2, false}, L{2, 1, 2, 2, true},
-        L{1, 2, 1, 2, false, "ulysses_cp_algo"}, L{1, 1, 1, 4, false, "hybrid_cp_algo"}}) {
-    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {} copies {}", c.tp, c.cp, c.dp, c.pp, c.cp_algo,
-                             c.copies));
+        L{1, 2, 1, 2, false, "ulysses_cp_algo"}, L{1, 1, 1, 4, false, "hybrid_cp_algo"},
+        // Multi-copy: the copies' losses add up (MindSpore's MicroBatchInterleaved).
+        L{2, 2, 1, 1, false, "megatron_cp_algo", 2}, L{1, 1, 2, 1, true, "megatron_cp_algo", 2},
+        // MindSpeed's head rules on the model's heads: 8 % (tp 2 × cp 4) and 4 % (Ulysses 2 ×
+        // tp 2); one KV head per TP rank is repeated over the Ulysses group.
+        L{2, 1, 1, 4, false, "ulysses_cp_algo", 1, 8}, L{2, 1, 1, 4, false, "hybrid_cp_algo"}}) {
+    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {} copies {} heads {}", c.tp, c.cp, c.dp, c.pp,
+                             c.cp_algo, c.copies, c.heads));
     TrainOptions o = options(c.tp, c.dp, c.pp);
+    o.model.heads = c.heads;
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
     if (c.cp_algo == "hybrid_cp_algo") o.layout.ulysses_degree_in_cp = 2;
@@ -277,6 +284,11 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     ASSERT_EQ(got.loss.size(), want.loss.size());
     for (std::size_t i = 0; i < want.loss.size(); ++i)
       EXPECT_LE(std::abs(got.loss[i] - want.loss[i]), 1e-12 * std::abs(want.loss[i]));
+    ASSERT_EQ(got.grad_norm.size(), want.grad_norm.size());
+    for (std::size_t i = 0; i < want.grad_norm.size(); ++i)
+      EXPECT_LE(std::abs(got.grad_norm[i] - want.grad_norm[i]), 1e-12 * want.grad_norm[i])
+          << "grad norm of iteration " << i << ": " << got.grad_norm[i] << " vs "
+          << want.grad_norm[i];
     ASSERT_EQ(got.weights.size(), want.shards.size());
     for (const auto& [name, w] : want.shards)
       EXPECT_LE(rel_diff(got.weights.at(name), w), 1e-12) << name;

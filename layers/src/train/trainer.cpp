@@ -514,10 +514,11 @@ class StageRunner {
         if (last_stage_chunk(a.chunk)) {
           auto node = loss_saved_.extract({a.micro_batch, c});
           // Megatron scales each micro-batch's loss by 1/micro-batches (and by 1/cp: every cp
-          // rank averages over its seq/cp tokens); copies average too.
+          // rank averages over its seq/cp tokens). Copies add up: MindSpore's
+          // MicroBatchInterleaved sums the copies' losses (only the logged loss is divided).
           dy[std::size_t(c)] = piece("loss bwd", [&] {
             return copies_[std::size_t(c)].loss->backward(
-                node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp * n), o_.linear);
+                node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp), o_.linear);
           });
         } else {
           dy[std::size_t(c)] = receive(links_.bwd_in, links_.bwd_in_peer, c);

@@ -17,9 +17,13 @@
 /// data-parallel group with context parallelism. Selective recompute recomputes core attention
 /// (with CP, its transfers too) in the backward.
 ///
-/// Not modeled: MindSpore's micro_batch_interleave_num = 2 (rejected with an error that says
-/// so), tied embeddings (the LM head is untied, as LLaMA's), gradient clipping (the global
-/// gradient norm is computed and all-reduced every iteration, as Megatron logs it, but not
+/// MindSpore's micro_batch_interleave_num = 2 (multi-copy) splits each micro-batch in two along
+/// the batch; each copy runs on its own compute stream and TP communicator, and the copies'
+/// losses add up as MindSpore's MicroBatchInterleaved sums them (so gradients and their norm are
+/// twice a mean's; the reported loss is divided by the copies, as MindFormers logs it).
+///
+/// Not modeled: tied embeddings (the LM head is untied, as LLaMA's), gradient clipping (the
+/// global gradient norm is computed and all-reduced every iteration, as Megatron logs it, but not
 /// applied: clipping by a norm whose partial sums depend on the stage split would make pipeline
 /// layouts differ in the last bits).
 #include <cstdint>
@@ -68,7 +72,7 @@ struct PipelineBlock {
 };
 
 struct TrainResult {
-  std::vector<double> loss;       ///< per iteration, mean over micro-batches and dp; empty dry
+  std::vector<double> loss;       ///< per iteration, mean over tokens (copies too); empty dry
   std::vector<double> grad_norm;  ///< per iteration, the global gradient norm; empty dry
   /// Updated parameters of the dp-rank-0, cp-rank-0 ranks: "layer3.mlp.up tp1" → shard.
   std::map<std::string, Tensor> weights;

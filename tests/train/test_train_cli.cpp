@@ -110,6 +110,17 @@ TEST(TrainLayoutRules, EachRuleIsAClearError) {
     ASSERT_FALSE(warn.warnings.empty());
     EXPECT_NE(warn.warnings[0].find("vocab_size 1001"), std::string::npos);
   }
+  {
+    // Sequence parallelism splits [s, b, h] along s only (Megatron's _split_along_first_dim
+    // asserts s % tp == 0): seq 34 over tp 4 fails even though 34 × micro-batch 2 divides.
+    DecoderShape s34 = m;
+    s34.seq = 34;
+    expect_rule(s34, layout(4, 1, 1), 4,
+                {"seq_length / context_parallel = 34 / 1 = 34", "model_parallel 4"});
+    TrainLayout no_sp = layout(4, 1, 1);
+    no_sp.sequence_parallel = false;
+    EXPECT_NO_THROW(check_layout(s34, no_sp, 4));
+  }
 }
 
 std::string cocemu(const std::string& args, int* status) {
@@ -460,6 +471,59 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
           << o.layout.describe();
     }
   }
+}
+
+// The layout a report names is the whole layout: multi-copy and the CP algorithm are in the
+// string and have JSON keys of their own.
+TEST(TrainReport, LayoutNamesMultiCopyAndTheCpAlgorithm) {
+  TrainSetup s;
+  s.dry_run = true;
+  s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+  auto& l = s.options.layout;
+  l.tp = 2;
+  l.micro_batch_size = 2;
+  l.global_batch_size = 4;
+  l.micro_batch_interleave = 2;
+  const TrainReport copies = model_step(s);
+  EXPECT_NE(copies.layout.find(" 2-copy"), std::string::npos) << copies.layout;
+  nlohmann::json j = to_json(copies);
+  EXPECT_EQ(j.at("micro_batch_interleave_num"), 2);
+  EXPECT_FALSE(j.contains("context_parallel_algo"));
+  l.micro_batch_interleave = 1;
+  EXPECT_EQ(model_step(s).layout.find("copy"), std::string::npos);
+  l.cp = 2;
+  l.cp_algo = "ulysses_cp_algo";
+  const TrainReport ulysses = model_step(s);
+  EXPECT_NE(ulysses.layout.find(" ulysses"), std::string::npos) << ulysses.layout;
+  j = to_json(ulysses);
+  EXPECT_EQ(j.at("context_parallel_algo"), "ulysses_cp_algo");
+  EXPECT_EQ(j.at("micro_batch_interleave_num"), 1);
+  l.cp_algo = "megatron_cp_algo";
+  EXPECT_NE(l.describe().find(" ring"), std::string::npos) << l.describe();
+  l.cp = 4;
+  l.cp_algo = "hybrid_cp_algo";
+  l.ulysses_degree_in_cp = 2;
+  EXPECT_NE(l.describe().find(" hybrid-u2"), std::string::npos) << l.describe();
+}
+
+// MFU's numerator counts the LM head over Megatron's padded vocabulary (num_floating_point_
+// operations uses padded_vocab_size): GPT-3's 50257 tokens are 51200 at tp 8.
+TEST(TrainReport, ModelFlopsUseThePaddedVocabulary) {
+  layers::train::DecoderShape m;
+  m.hidden = 12288;
+  m.heads = 96;
+  m.ffn = 4 * 12288;
+  m.swiglu = false;
+  m.num_layers = 96;
+  m.seq = 2048;
+  m.vocab = 50257;
+  layers::train::TrainLayout l;
+  l.tp = 8;
+  l.global_batch_size = 1536;
+  // Narayanan et al. (2021), eq. 3: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) with V = 51200.
+  const double B = 1536, s = 2048, L = 96, h = 12288, V = 51200;
+  const double want = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+  EXPECT_NEAR(model_flops_per_iteration(m, l) / want, 1.0, 1e-12);
 }
 
 // Megatron 2021-2022's scatter/gather of pipeline tensors: without SP each TP rank sends 1/tp of

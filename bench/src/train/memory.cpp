@@ -125,8 +125,11 @@ double stage_parameters(const DecoderShape& m, const TrainLayout& l, int stage) 
 
 double model_flops_per_iteration(const DecoderShape& m, const TrainLayout& l) {
   const double s = double(m.seq), h = double(m.hidden);
-  const double per_sequence = double(m.num_layers) * (2 * s * layer_parameters(m) + 4 * s * s * h) +
-                              2 * s * h * double(m.vocab);
+  // The LM head over the padded vocabulary, as Megatron's num_floating_point_operations counts it
+  // (padded_vocab_size).
+  const double vocab = double(layers::train::padded_vocab(m.vocab, l.tp));
+  const double per_sequence =
+      double(m.num_layers) * (2 * s * layer_parameters(m) + 4 * s * s * h) + 2 * s * h * vocab;
   return 3 * per_sequence * double(l.global_batch_size);
 }
 

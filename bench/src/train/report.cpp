@@ -32,6 +32,8 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
   TrainReport rep;
   rep.model = o.model.name;
   rep.layout = l.describe();
+  rep.cp_algo = l.cp > 1 ? l.cp_algo : "";
+  rep.micro_batch_interleave = l.micro_batch_interleave;
   rep.profile = setup.profile ? setup.profile->name : run.profile->name;
   rep.source = "emulated";
   rep.dry_run = !run.numerics;
@@ -140,6 +142,8 @@ nlohmann::json to_json(const TrainReport& r) {
   nlohmann::json j;
   j["model"] = r.model;
   j["layout"] = r.layout;
+  if (!r.cp_algo.empty()) j["context_parallel_algo"] = r.cp_algo;
+  j["micro_batch_interleave_num"] = r.micro_batch_interleave;
   j["profile"] = r.profile;
   j["source"] = r.source;
   j["dry_run"] = r.dry_run;

@@ -235,6 +235,8 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   rep.warnings = layers::train::check_layout(o.model, l, l.world()).warnings;
   rep.model = o.model.name;
   rep.layout = l.describe();
+  rep.cp_algo = l.cp > 1 ? l.cp_algo : "";
+  rep.micro_batch_interleave = l.micro_batch_interleave;
   rep.profile = prof.name;
   rep.source = "step model";
   rep.dry_run = true;

@@ -49,7 +49,7 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 std::string TrainLayout::describe() const {
-  return fmt::format(
+  std::string s = fmt::format(
       "tp{} cp{} dp{} pp{}{} mbs{} gbs{} {}{}{}{}{}{}{}", tp, cp, dp, pp,
       vpp > 1 ? fmt::format(" vpp{}", vpp) : "", micro_batch_size, global_batch_size,
       to_string(schedule), sequence_parallel && tp > 1 ? " sp" : "",
@@ -57,6 +57,27 @@ std::string TrainLayout::describe() const {
       recompute != Recompute::none ? fmt::format(" recompute-{}", to_string(recompute)) : "",
       cross_entropy_fusion ? " ce-fusion" : "",
       pipeline_scatter_gather() ? " pp-scatter-gather" : "");
+  if (cp > 1) {  // the CP algorithm, as MindSpeed's context_parallel_algo names it
+    if (cp_algo == "ulysses_cp_algo")
+      s += " ulysses";
+    else if (cp_algo == "hybrid_cp_algo")
+      s += fmt::format(" hybrid-u{}", ulysses_degree_in_cp);
+    else
+      s += " ring";
+    if (cp_window_size > 1 && cp_algo != "ulysses_cp_algo")
+      s += fmt::format(" window{}", cp_window_size);
+    if (use_cp_send_recv_overlap) s += " cp-send-recv-overlap";
+  }
+  if (!stage_layers.empty()) {
+    s += " layers";
+    for (std::size_t i = 0; i < stage_layers.size(); ++i)
+      s += fmt::format("{}{}", i ? "/" : " ", stage_layers[i]);
+  }
+  if (micro_batch_interleave > 1) s += fmt::format(" {}-copy", micro_batch_interleave);
+  if (!overlap_grad_reduce) s += " no-overlap-grad-reduce";
+  if (!grad_reduce_in_fp32 && dtype != DType::f32 && dtype != DType::f64)
+    s += fmt::format(" grad-reduce-{}", name_of(dtype));
+  return s;
 }
 
 LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_size) {
@@ -105,11 +126,12 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
         m.vocab, l.tp));
   if (l.sequence_parallel && l.tp == 1)
     out.warnings.push_back("sequence parallel has no effect with model_parallel 1 (off)");
+  // Megatron scatters [s, b, h] along s only (_split_along_first_dim asserts s % tp == 0).
   if (l.sequence_parallel && l.tp > 1)
-    COCEMU_CHECK_ARG((m.seq / l.cp * l.micro_batch_size) % l.tp == 0,
-                     "with sequence parallel, seq_length / cp × micro batch = {} must be "
-                     "divisible by model_parallel {}",
-                     m.seq / l.cp * l.micro_batch_size, l.tp);
+    COCEMU_CHECK_ARG((m.seq / l.cp) % l.tp == 0,
+                     "with sequence parallel, seq_length / context_parallel = {} / {} = {} must "
+                     "be divisible by model_parallel {} (the sequence is split over TP)",
+                     m.seq, l.cp, m.seq / l.cp, l.tp);
   COCEMU_CHECK_ARG(m.seq % (2 * l.cp) == 0 || l.cp == 1,
                    "seq_length {} must be divisible by 2 × context_parallel = {} (load-balanced "
                    "causal split)",

@@ -92,7 +92,7 @@ const char* comm_kind(const std::string& lane);
 double stage_parameters(const layers::train::DecoderShape& model,
                         const layers::train::TrainLayout& layout, int stage);
 /// Model FLOPs of one iteration (Narayanan et al. 2021: forward + 2 × backward, attention
-/// counted as full s², recompute not counted).
+/// counted as full s², recompute not counted; the LM head over Megatron's padded vocabulary).
 double model_flops_per_iteration(const layers::train::DecoderShape& model,
                                  const layers::train::TrainLayout& layout);
 
@@ -106,6 +106,10 @@ struct PipelineBlockTime {
 
 struct TrainReport {
   std::string model, layout, profile, source;  ///< source: "emulated" or "step model"
+  /// What the layout string names, as keys of their own: MindSpeed's context_parallel_algo
+  /// (cp > 1) and MindSpore's micro_batch_interleave_num.
+  std::string cp_algo;
+  int micro_batch_interleave = 1;
   bool dry_run = false;
   bool deterministic = true;  ///< the collectives' mode (TrainSetup::deterministic)
   int world = 0, nodes = 1;

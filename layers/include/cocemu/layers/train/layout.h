@@ -85,7 +85,9 @@ struct TrainLayout {
 
   int world() const { return tp * cp * dp * pp; }
   std::int64_t micro_batches() const { return global_batch_size / (micro_batch_size * dp); }
-  /// "tp2 cp1 dp2 pp2 vpp1 mbs1 gbs8 1f1b"
+  /// "tp2 cp2 dp2 pp2 vpp2 mbs2 gbs16 interleaved sp dist-opt ring 2-copy": the sizes, the
+  /// schedule, then every option that is on (or, for the overlaps and f32 gradient reduction,
+  /// off), the CP algorithm, an explicit layer split and multi-copy.
   std::string describe() const;
 };
 

@@ -130,9 +130,17 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
       else if (op.cls == OpClass::comm)
         if (const char* k = comm_kind(g.lane_names[std::size_t(op.lane)])) comm[k].push_back(in);
     }
-    const auto busy_compute = merged(compute);
-    for (auto& [k, v] : comm)
-      rep.exposed_comm_ns[k] += uncovered(merged(v), busy_compute) / rep.world;
+    // A kind's exposed time is its time that neither compute nor a more synchronous kind
+    // covers: the layer waits for its TP (and CP) collectives where it issues them, a stage for
+    // its pipeline transfers between passes, while DP reductions and gathers run in the
+    // background; where a DP op overlaps a TP transfer the step waits for the TP one.
+    std::vector<Interval> cover = compute;
+    for (const char* k : {"TP", "CP", "PP", "DP"}) {
+      const auto it = comm.find(k);
+      if (it == comm.end()) continue;
+      rep.exposed_comm_ns[k] += uncovered(merged(it->second), merged(cover)) / rep.world;
+      cover.insert(cover.end(), it->second.begin(), it->second.end());
+    }
   }
   rep.memory = estimate_memory(o.model, l, *run.profile);
   return rep;

@@ -106,6 +106,7 @@ std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
     l.cross_entropy_fusion = ll.boolean_or("cross_entropy_loss_fusion", false);
     l.scatter_gather_tensors_in_pipeline =
         ll.boolean_or("scatter_gather_tensors_in_pipeline", false);
+    l.overlap_p2p_comm = ll.boolean_or("overlap_p2p_comm", true);
     const std::string coc = ll.string_or("coc", "serial");
     COCEMU_CHECK(coc == "serial" || coc == "fused", Errc::parse_error,
                  "{}: coc '{}'; allowed serial, fused", ll.where(), coc);

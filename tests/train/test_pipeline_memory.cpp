@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "cocemu/bench/train/train_report.h"
 #include "cocemu/layers/train/pipeline.h"
@@ -99,6 +101,172 @@ double sum(const std::vector<bench::MemoryTerm>& v) {
   for (const auto& t : v)
     s += t.bytes;
   return s;
+}
+
+/// "F0 >F0 <B1 | B0" style rendering of a stage's steps: a pass is its label, a call lists its
+/// sends (>) and receives (<), a blocking call is wrapped in [ ].
+std::string render(const std::vector<PipelineStep>& steps, int vpp) {
+  std::string out;
+  for (const auto& st : steps) {
+    if (!out.empty()) out += ' ';
+    if (st.kind == PipelineStep::compute) {
+      out += action_label(st.action, vpp);
+      continue;
+    }
+    std::string call;
+    for (const auto& a : st.sends)
+      call += (call.empty() ? ">" : " >") + action_label(a, vpp);
+    for (const auto& a : st.recvs)
+      call += (call.empty() ? "<" : " <") + action_label(a, vpp);
+    out += st.blocking ? "[" + call + "]" : "(" + call + ")";
+  }
+  return out;
+}
+
+// The p2p calls between the passes are Megatron's. Non-interleaved 1F1B
+// (forward_backward_pipelining_without_interleaving, every call waits for its transfers): a
+// warm-up forward's send_forward, then recv_forward; send_forward_recv_backward after a steady
+// forward, send_backward_recv_forward after a steady backward, and send_backward then
+// recv_backward in the cool-down. Interleaved without overlap_p2p_comm: send_forward_recv_forward
+// after each warm-up forward (the last also receives the first gradient), one
+// send_forward_backward_recv_forward_backward after each steady forward-backward pair,
+// send_backward_recv_backward in the cool-down. Overlapped: each receive right before its pass
+// (with the previous pass's send, not waited for).
+TEST(Pipeline, P2PCallsAreMegatrons) {
+  // pp 3, 4 micro-batches, the middle stage: one warm-up forward.
+  EXPECT_EQ(
+      render(pipeline_steps(PipelineSchedule::one_f_one_b, P2PMode::blocking_1f1b, 3, 1, 4, 1), 1),
+      "[<F0] F0 [>F0] [<F1] F1 [>F1 <B0] B0 [>B0 <F2] F2 [>F2 <B1] B1 [>B1 <F3] F3 "
+      "[>F3 <B2] B2 [>B2] [<B3] B3 [>B3]");
+  // The first stage receives no activations and sends no gradients; the last the reverse.
+  EXPECT_EQ(
+      render(pipeline_steps(PipelineSchedule::one_f_one_b, P2PMode::blocking_1f1b, 2, 1, 2, 0), 1),
+      "F0 [>F0] F1 [>F1 <B0] B0 [<B1] B1");
+  EXPECT_EQ(
+      render(pipeline_steps(PipelineSchedule::one_f_one_b, P2PMode::blocking_1f1b, 2, 1, 2, 1), 1),
+      "[<F0] F0 B0 [>B0 <F1] F1 B1 [>B1]");
+  // Interleaved, pp 3, 2 chunks, 3 micro-batches, the last stage: every pass is warm-up (then
+  // recv_backward, here nothing: the last chunk's gradient starts at the loss).
+  EXPECT_EQ(render(pipeline_steps(PipelineSchedule::interleaved, P2PMode::blocking_interleaved, 3,
+                                  2, 3, 2),
+                   2),
+            "[<F0.0] F0.0 [>F0.0 <F1.0] F1.0 [>F1.0 <F2.0] F2.0 [>F2.0 <F0.1] F0.1 [<F1.1] F1.1 "
+            "[<F2.1] F2.1 B0.1 [>B0.1] B1.1 [>B1.1] B2.1 [>B2.1 <B0.0] B0.0 [>B0.0 <B1.0] B1.0 "
+            "[>B1.0 <B2.0] B2.0 [>B2.0]");
+  // With a steady state (pp 4, 2 chunks, 8 micro-batches): a forward and a backward back to back,
+  // then one call that sends both and receives the next of each; the last warm-up forward's call
+  // also receives the first gradient.
+  for (int stage = 0; stage < 4; ++stage) {
+    const auto st = pipeline_steps(PipelineSchedule::interleaved, P2PMode::blocking_interleaved, 4,
+                                   2, 8, stage);
+    int pairs = 0;
+    for (std::size_t i = 0; i + 2 < st.size(); ++i) {
+      if (st[i].kind != PipelineStep::compute || st[i + 1].kind != PipelineStep::compute) continue;
+      ASSERT_TRUE(st[i].action.forward && !st[i + 1].action.forward) << render(st, 2);
+      ++pairs;
+      const auto& call = st[i + 2];
+      ASSERT_EQ(call.kind, PipelineStep::exchange) << render(st, 2);
+      EXPECT_TRUE(call.blocking);
+      auto has = [](const PipelineStep::Passes& v, const PipelineAction& a) {
+        return std::find(v.begin(), v.end(), a) != v.end();
+      };
+      for (const auto& a : {st[i].action, st[i + 1].action}) {
+        if (sends_output(a, 4, 2, stage)) {
+          EXPECT_TRUE(has(call.sends, a)) << render(st, 2);
+        }
+      }
+    }
+    const int warmup = (4 - stage - 1) * 2 + 4;
+    EXPECT_EQ(pairs, 16 - warmup) << "stage " << stage;
+  }
+  EXPECT_EQ(
+      render(pipeline_steps(PipelineSchedule::interleaved, P2PMode::overlapped, 2, 2, 2, 0), 2),
+      "F0.0 (>F0.0) F1.0 (>F1.0 <F0.1) F0.1 (>F0.1 <F1.1) F1.1 (>F1.1 <B0.1) B0.1 "
+      "(>B0.1 <B1.1) B1.1 (>B1.1 <B0.0) B0.0 (<B1.0) B1.0");
+  EXPECT_EQ(p2p_mode(TrainLayout{.schedule = PipelineSchedule::one_f_one_b}),
+            P2PMode::blocking_1f1b);
+  EXPECT_EQ(p2p_mode(TrainLayout{.schedule = PipelineSchedule::interleaved}), P2PMode::overlapped);
+  EXPECT_EQ(
+      p2p_mode(TrainLayout{.schedule = PipelineSchedule::interleaved, .overlap_p2p_comm = false}),
+      P2PMode::blocking_interleaved);
+}
+
+// Whatever the mode, every transfer a stage sends is received by its neighbour, and both list
+// the transfers of each link in the same order (the links are FIFO, as NCCL's are).
+TEST(Pipeline, EveryP2PSendHasItsReceiveInTheSameOrder) {
+  struct C {
+    PipelineSchedule s;
+    P2PMode mode;
+    int pp, vpp, m;
+  };
+  for (const C& c : {C{PipelineSchedule::one_f_one_b, P2PMode::blocking_1f1b, 4, 1, 8},
+                     C{PipelineSchedule::one_f_one_b, P2PMode::blocking_1f1b, 4, 1, 4},
+                     C{PipelineSchedule::interleaved, P2PMode::blocking_interleaved, 4, 2, 8},
+                     C{PipelineSchedule::interleaved, P2PMode::blocking_interleaved, 3, 3, 3},
+                     C{PipelineSchedule::interleaved, P2PMode::overlapped, 4, 3, 8},
+                     C{PipelineSchedule::gpipe, P2PMode::overlapped, 4, 1, 6}}) {
+    SCOPED_TRACE(
+        fmt::format("{} {} pp{} vpp{} m{}", to_string(c.s), to_string(c.mode), c.pp, c.vpp, c.m));
+    // Per link (from, to, forward): the sequence of (micro-batch, receiving chunk).
+    std::map<std::tuple<int, int, bool>, std::vector<std::pair<int, int>>> sent, received;
+    for (int stage = 0; stage < c.pp; ++stage)
+      for (const auto& st : pipeline_steps(c.s, c.mode, c.pp, c.vpp, c.m, stage)) {
+        for (const auto& a : st.sends) {
+          const int to = a.forward ? (stage + 1) % c.pp : (stage + c.pp - 1) % c.pp;
+          const int chunk = a.forward ? (stage == c.pp - 1 ? a.chunk + 1 : a.chunk)
+                                      : (stage == 0 ? a.chunk - 1 : a.chunk);
+          sent[{stage, to, a.forward}].push_back({a.micro_batch, chunk});
+        }
+        for (const auto& a : st.recvs) {
+          const int from = a.forward ? (stage + c.pp - 1) % c.pp : (stage + 1) % c.pp;
+          received[{from, stage, a.forward}].push_back({a.micro_batch, a.chunk});
+        }
+      }
+    EXPECT_EQ(sent, received);
+    EXPECT_FALSE(sent.empty());
+  }
+}
+
+// Megatron's non-interleaved 1F1B waits for each send (wait_on_reqs): on a pipeline across two
+// nodes, the first stage's next pass starts only once its activation has crossed. Interleaved
+// with overlap_p2p_comm the stage goes on while its send is on the wire.
+TEST(Pipeline, OneFOneBWaitsForItsSends) {
+  for (const bool interleaved : {false, true}) {
+    TrainOptions o;
+    o.model = gpt(2048, 16, 1024, 4);
+    o.layout.tp = 8;
+    o.layout.pp = 2;
+    o.layout.micro_batch_size = 1;
+    o.layout.global_batch_size = 4;
+    if (interleaved) {
+      o.layout.vpp = 2;
+      o.layout.schedule = PipelineSchedule::interleaved;
+    }
+    o.iterations = 1;
+    WorldOptions w;
+    w.numerics = false;
+    w.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+    const auto r = train(o, w);
+    const auto& ops = r.run.graph.ranks[0].ops;
+    const auto& lanes = r.run.graph.ranks[0].lane_names;
+    const auto& t = r.run.timeline.rank(0);
+    // Each send of rank 0 and the first compute op enqueued after it.
+    int sends = 0, overtaken = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (lanes[std::size_t(ops[i].lane)] != "pp fwd out" || ops[i].cls != OpClass::comm) continue;
+      ++sends;
+      for (std::size_t j = i + 1; j < ops.size(); ++j)
+        if (ops[j].cls == OpClass::compute) {
+          overtaken += t[j].start_ns < t[i].end_ns;
+          break;
+        }
+    }
+    ASSERT_GT(sends, 0);
+    if (interleaved)
+      EXPECT_GT(overtaken, 0) << "overlapped sends";
+    else
+      EXPECT_EQ(overtaken, 0) << "1F1B: a pass started while the send before it was on the wire";
+  }
 }
 
 // R-TR-7: Megatron's GPT layer, counted tensor by tensor, gives Korthikanti et al. (2022)'s

@@ -526,6 +526,57 @@ TEST(TrainReport, ModelFlopsUseThePaddedVocabulary) {
   EXPECT_NEAR(model_flops_per_iteration(m, l) / want, 1.0, 1e-12);
 }
 
+// Megatron's 1F1B blocks on each p2p call: a stage waits until its peer has posted the matching
+// receive and the tensor has crossed, sends included. Across two nodes (tp 8 fills a node) with
+// whole 32 MiB activations, the step model pays those transfers as the emulated step does;
+// interleaved without overlap_p2p_comm (2021-2022 Megatron) blocks on its batched calls too.
+TEST(StepModel, PaysBlockingPipelineTransfersAsTheEmulatorDoes) {
+  for (const bool interleaved : {false, true}) {
+    TrainSetup s;
+    s.dry_run = true;
+    s.nodes = interleaved ? 4 : 2;
+    s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+    auto& o = s.options;
+    o.model.name = "llama2-7b, 8 layers";
+    o.model.hidden = 4096;
+    o.model.heads = 32;
+    o.model.ffn = 11008;
+    o.model.num_layers = 8;
+    o.model.vocab = 32000;
+    o.model.seq = 4096;
+    auto& l = o.layout;
+    l.tp = 8;
+    l.pp = interleaved ? 4 : 2;
+    l.sequence_parallel = false;
+    l.micro_batch_size = 1;
+    l.global_batch_size = 8;
+    if (interleaved) {
+      l.vpp = 2;
+      l.schedule = layers::train::PipelineSchedule::interleaved;
+      l.overlap_p2p_comm = false;
+    }
+    o.iterations = 2;
+    WorldOptions w;
+    w.profile = s.profile;
+    w.numerics = false;
+    const auto emulated = report_from_run(s, layers::train::train(o, w));
+    const auto modeled = model_step(s);
+    EXPECT_NEAR(double(modeled.iteration_ns) / double(emulated.iteration_ns), 1.0,
+                interleaved ? 0.015 : 0.006)
+        << l.describe() << ": step model " << modeled.iteration_ns << " ns, emulated "
+        << emulated.iteration_ns << " ns";
+    EXPECT_NEAR(modeled.exposed_comm_ns.at("PP"), emulated.exposed_comm_ns.at("PP"),
+                0.1 * emulated.exposed_comm_ns.at("PP"))
+        << l.describe();
+    EXPECT_GT(modeled.exposed_comm_ns.at("PP"), 0.005 * double(modeled.iteration_ns));
+    if (interleaved) {
+      // The same layout with overlapped p2p (current Megatron's default) is faster.
+      l.overlap_p2p_comm = true;
+      EXPECT_LT(model_step(s).iteration_ns, modeled.iteration_ns);
+    }
+  }
+}
+
 // Megatron 2021-2022's scatter/gather of pipeline tensors: without SP each TP rank sends 1/tp of
 // the activation over its own NIC and the receiver all-gathers over NVLink, so a pipeline across
 // nodes waits far less on its transfers. With SP (tensors already sliced) it changes nothing.

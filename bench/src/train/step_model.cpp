@@ -8,7 +8,9 @@
 #include <tbb/concurrent_unordered_map.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -159,6 +161,18 @@ struct ScheduleKeyHash {
   }
 };
 
+/// A stage's steps (passes and p2p calls) in one P2PMode.
+struct StepsKey {
+  ScheduleKey schedule;
+  layers::train::P2PMode mode;
+  bool operator==(const StepsKey&) const = default;
+};
+struct StepsKeyHash {
+  std::size_t operator()(const StepsKey& k) const {
+    return ScheduleKeyHash()(k.schedule) * 31u + std::size_t(k.mode);
+  }
+};
+
 /// A schedule's actions and the most micro-batch chunks it holds at once.
 struct ScheduleEntry {
   std::vector<PipelineAction> actions;
@@ -175,6 +189,8 @@ struct ScheduleEntry {
 struct StepMemo::Impl {
   tbb::concurrent_unordered_map<CollectiveKey, double, CollectiveKeyHash> prices;
   tbb::concurrent_unordered_map<ScheduleKey, ScheduleEntry, ScheduleKeyHash> schedules;
+  tbb::concurrent_unordered_map<StepsKey, std::vector<layers::train::PipelineStep>, StepsKeyHash>
+      steps;
 
   const ScheduleEntry& schedule(layers::train::PipelineSchedule s, int pp, int vpp, int m,
                                 int stage) {
@@ -191,6 +207,15 @@ struct StepMemo::Impl {
 const std::vector<PipelineAction>& StepMemo::actions(layers::train::PipelineSchedule s, int pp,
                                                      int vpp, int m, int stage) {
   return impl_->schedule(s, pp, vpp, m, stage).actions;
+}
+
+const std::vector<layers::train::PipelineStep>& StepMemo::steps(const TrainLayout& l, int stage) {
+  const auto mode = layers::train::p2p_mode(l);
+  const StepsKey key{{l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage}, mode};
+  if (const auto it = impl_->steps.find(key); it != impl_->steps.end()) return it->second;
+  auto steps =
+      layers::train::pipeline_steps(l.schedule, mode, l.pp, l.vpp, int(l.micro_batches()), stage);
+  return impl_->steps.emplace(key, std::move(steps)).first->second;  // elements never move
 }
 
 int StepMemo::peak_chunks_in_flight(const TrainLayout& l, int stage) {
@@ -292,10 +317,10 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
                                              slice_elems, l.dtype, std::uint64_t(act_bytes), det);
   }
 
-  // Replay: every stage runs its actions in order; an action waits for its input's transfer.
-  std::vector<const std::vector<PipelineAction>*> actions(static_cast<std::size_t>(pp));
+  // Replay: every stage runs its steps (pipeline_steps: passes and p2p calls) in order.
+  std::vector<const std::vector<layers::train::PipelineStep>*> steps(static_cast<std::size_t>(pp));
   for (int s = 0; s < pp; ++s)
-    actions[std::size_t(s)] = &memo->actions(l.schedule, pp, vpp, m, s);
+    steps[std::size_t(s)] = &memo->steps(l, s);
   // End time of every action, by (stage, direction, micro-batch, chunk); NaN: not run yet.
   std::vector<double> done_at(std::size_t(pp) * 2 * std::size_t(m) * std::size_t(vpp), NAN);
   auto done = [&](int stage, bool fwd, int mb, int chunk) -> double& {
@@ -303,70 +328,206 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
                        std::size_t(vpp) +
                    std::size_t(chunk)];
   };
+  // Transfers, by the pass that receives them (stage, direction, micro-batch, chunk): when the
+  // sender and the receiver posted them (blocking calls), and when they end; NaN: not yet.
+  struct Transfer {
+    double send_post = NAN, recv_post = NAN, end = NAN;
+  };
+  std::vector<Transfer> transfers(done_at.size());
+  auto slot = [&](int stage, bool fwd, int mb, int chunk) {
+    return std::size_t(&done(stage, fwd, mb, chunk) - done_at.data());
+  };
+  // A send of pass `a` of stage s: the receiving pass's slot, and the link it crosses (forward:
+  // s to s + 1, the last stage's chunk c to the first stage's chunk c + 1; backward: the other
+  // way); link_ns[i] and the link's queue are those of the pair (i, i + 1).
+  struct Route {
+    std::size_t slot;
+    int link, from, to;
+  };
+  auto route_of_send = [&](int s, const PipelineAction& a) {
+    if (a.forward) {
+      const int to = (s + 1) % pp, chunk = s == pp - 1 ? a.chunk + 1 : a.chunk;
+      return Route{slot(to, true, a.micro_batch, chunk), s, s, to};
+    }
+    const int to = (s + pp - 1) % pp, chunk = s == 0 ? a.chunk - 1 : a.chunk;
+    return Route{slot(to, false, a.micro_batch, chunk), to, s, to};
+  };
+  auto route_of_recv = [&](int s, const PipelineAction& a) {
+    const int from = a.forward ? (s + pp - 1) % pp : (s + 1) % pp;
+    return a.forward ? Route{slot(s, true, a.micro_batch, a.chunk), from, from, s}
+                     : Route{slot(s, false, a.micro_batch, a.chunk), s, from, s};
+  };
+  // A transfer leaves through its sender's port and enters through its receiver's, inside the
+  // node or across it (the emulated timeline's link classes), and the timeline shares a port
+  // between the transfers that cross it at once: here each port keeps its busy intervals, and a
+  // transfer takes the first stretch from its ready time where both its ports are free.
+  std::vector<std::vector<std::pair<double, double>>> out_busy(2 * std::size_t(pp)),
+      in_busy(2 * std::size_t(pp));
+  // Overlapped p2p keeps the queue of each link and direction, as before: a stage that runs far
+  // ahead (nothing blocks it) would otherwise fill its ports' calendars out of time order.
+  std::vector<double> fwd_link_free(static_cast<std::size_t>(pp), 0),
+      bwd_link_free(static_cast<std::size_t>(pp), 0);
+  auto queue_transfer = [&](const Route& r, bool fwd, double ready) {
+    auto& link = (fwd ? fwd_link_free : bwd_link_free)[std::size_t(r.link)];
+    link = std::max(ready, link) + link_ns[std::size_t(r.link)];
+    transfers[r.slot].end = link;
+  };
+  auto run_transfer = [&](const Route& r, double ready) {
+    const std::size_t across =
+        prof.topology.node_of(per_stage * r.from) != prof.topology.node_of(per_stage * r.to);
+    auto& out = out_busy[2 * std::size_t(r.from) + across];
+    auto& in = in_busy[2 * std::size_t(r.to) + across];
+    const double w = link_ns[std::size_t(r.link)];
+    // A port's intervals do not overlap, so they are sorted by end as by start.
+    double t = ready;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (const auto* port : {&out, &in}) {
+        auto it = std::lower_bound(
+            port->begin(), port->end(), t,
+            [](const std::pair<double, double>& iv, double x) { return iv.second <= x; });
+        for (; it != port->end() && it->first < t + w; ++it) {
+          t = it->second;
+          moved = true;
+        }
+      }
+    }
+    for (auto* port : {&out, &in})
+      port->insert(std::upper_bound(port->begin(), port->end(), std::pair{t, t + w}),
+                   std::pair{t, t + w});
+    transfers[r.slot].end = t + w;
+  };
   std::vector<std::size_t> next(static_cast<std::size_t>(pp), 0);
+  std::vector<char> posted(static_cast<std::size_t>(pp), 0);  // the current call is posted
   std::vector<double> free_at(static_cast<std::size_t>(pp), 0),
       busy(static_cast<std::size_t>(pp), 0), exposed_pp(static_cast<std::size_t>(pp), 0),
       exposed_tp_sum(static_cast<std::size_t>(pp), 0),
       exposed_cp_sum(static_cast<std::size_t>(pp), 0);
-  std::vector<double> fwd_link_free(static_cast<std::size_t>(pp), 0),
-      bwd_link_free(static_cast<std::size_t>(pp), 0);
   double first_start = INFINITY, last_end = 0;  // the span of all stages' actions
   std::size_t remaining = 0;
-  for (const auto& a : actions)
-    remaining += a->size();
-  while (remaining > 0) {
+  for (const auto& st : steps)
+    remaining += st->size();
+  // Stages run until they block on a neighbour; a stage that moved (or posted a call) wakes its
+  // neighbours, the only stages it exchanges with.
+  std::deque<int> queue;
+  std::vector<char> queued(static_cast<std::size_t>(pp), 1);
+  for (int s = 0; s < pp; ++s)
+    queue.push_back(s);
+  while (!queue.empty()) {
+    const int s = queue.front();
+    queue.pop_front();
+    queued[std::size_t(s)] = 0;
     bool progressed = false;
-    for (int s = 0; s < pp; ++s) {
+    {
       auto& i = next[std::size_t(s)];
-      while (i < actions[std::size_t(s)]->size()) {
-        const PipelineAction& a = (*actions[std::size_t(s)])[i];
-        double ready = free_at[std::size_t(s)], transfer = 0;
-        const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
-        if (a.forward && !first) {
-          const int from = s == 0 ? pp - 1 : s - 1, chunk = s == 0 ? a.chunk - 1 : a.chunk;
-          const double input = done(from, true, a.micro_batch, chunk);
-          if (std::isnan(input)) break;
-          auto& link = fwd_link_free[std::size_t(from)];
-          const double start = std::max(input, link);
-          link = start + link_ns[std::size_t(from)];
-          transfer = link;
-        } else if (!a.forward && !last) {
-          const int from = s == pp - 1 ? 0 : s + 1, chunk = s == pp - 1 ? a.chunk + 1 : a.chunk;
-          const double input = done(from, false, a.micro_batch, chunk);
-          if (std::isnan(input)) break;
-          auto& link = bwd_link_free[std::size_t(s)];
-          const double start = std::max(input, link);
-          link = start + link_ns[std::size_t(s)];
-          transfer = link;
-        }
-        if (transfer > ready) {
+      auto& now = free_at[std::size_t(s)];
+      while (i < steps[std::size_t(s)]->size()) {
+        const auto& step = (*steps[std::size_t(s)])[i];
+        if (step.kind == layers::train::PipelineStep::compute) {
+          const PipelineAction& a = step.action;
+          const PartCost cost = action_cost(s, a);
+          const double d = cost.ns;
+          done(s, a.forward, a.micro_batch, a.chunk) = now + d;
+          first_start = std::min(first_start, now);
+          last_end = std::max(last_end, now + d);
+          if (record_pipeline)
+            rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
+                                    std::int64_t(now), std::int64_t(now + d)});
+          now += d;
+          busy[std::size_t(s)] += d;
+          exposed_tp_sum[std::size_t(s)] += cost.exposed_tp_ns;
+          exposed_cp_sum[std::size_t(s)] += cost.exposed_cp_ns;
+        } else if (!step.blocking) {
+          // Sends leave as soon as the pass is done and their link is free; the stage waits
+          // only for its receives.
+          if (!posted[std::size_t(s)]) {
+            for (const auto& a : step.sends)
+              queue_transfer(route_of_send(s, a), a.forward, now);
+            posted[std::size_t(s)] = 1;
+            progressed = progressed || !step.sends.empty();
+          }
+          bool ready = true;
+          for (const auto& a : step.recvs)
+            ready = ready && !std::isnan(transfers[route_of_recv(s, a).slot].end);
+          if (!ready) break;
+          posted[std::size_t(s)] = 0;
+          double arrive = now, wire = 0;
+          for (const auto& a : step.recvs) {
+            const Route r = route_of_recv(s, a);
+            arrive = std::max(arrive, transfers[r.slot].end);
+            wire = std::max(wire, link_ns[std::size_t(r.link)]);
+          }
           // Waiting for a transfer: the part of the wait the transfer itself takes is exposed
           // PP communication, the rest is the bubble.
-          const double wire =
-              a.forward ? link_ns[std::size_t(s == 0 ? pp - 1 : s - 1)] : link_ns[std::size_t(s)];
-          exposed_pp[std::size_t(s)] += std::min(transfer - ready, wire);
-          ready = transfer;
+          exposed_pp[std::size_t(s)] += std::min(arrive - now, wire);
+          now = arrive;
+        } else {
+          // A blocking call: its transfers start when both ends have posted them (and the link
+          // is free); the stage goes on when all of them are done.
+          if (!posted[std::size_t(s)]) {
+            for (const auto& a : step.sends)
+              transfers[route_of_send(s, a).slot].send_post = now;
+            for (const auto& a : step.recvs)
+              transfers[route_of_recv(s, a).slot].recv_post = now;
+            posted[std::size_t(s)] = 1;
+            progressed = true;
+          }
+          bool complete = true;
+          // The call's transfers on the wire (a call has at most two sends and two receives).
+          std::array<std::pair<double, double>, 4> wires;
+          std::size_t n_wires = 0;
+          auto settle = [&](const Route& r) {
+            if (std::isnan(transfers[r.slot].end)) {
+              if (std::isnan(transfers[r.slot].send_post) ||
+                  std::isnan(transfers[r.slot].recv_post)) {
+                complete = false;
+                return;
+              }
+              run_transfer(r, std::max(transfers[r.slot].send_post, transfers[r.slot].recv_post));
+            }
+            COCEMU_CHECK(n_wires < wires.size(), Errc::internal,
+                         "step model: a p2p call with more than {} transfers", wires.size());
+            wires[n_wires++] = {transfers[r.slot].end - link_ns[std::size_t(r.link)],
+                                transfers[r.slot].end};
+          };
+          for (const auto& a : step.sends)
+            settle(route_of_send(s, a));
+          for (const auto& a : step.recvs)
+            settle(route_of_recv(s, a));
+          if (!complete) break;
+          for (std::size_t k = 1; k < n_wires; ++k)  // by start (insertion sort of <= 4)
+            for (std::size_t j = k; j > 0 && wires[j] < wires[j - 1]; --j)
+              std::swap(wires[j], wires[j - 1]);
+          double end = now;
+          for (std::size_t k = 0; k < n_wires; ++k)
+            end = std::max(end, wires[k].second);
+          // Exposed PP: the time within the wait that a transfer of this call is on the wire.
+          double covered = 0, reach = now;
+          for (std::size_t k = 0; k < n_wires; ++k) {
+            const auto [lo, hi] = wires[k];
+            const double a = std::max(lo, reach), b = std::min(hi, end);
+            if (b > a) covered += b - a;
+            reach = std::max(reach, hi);
+          }
+          exposed_pp[std::size_t(s)] += covered;
+          now = end;
+          posted[std::size_t(s)] = 0;
         }
-        const PartCost cost = action_cost(s, a);
-        const double d = cost.ns;
-        done(s, a.forward, a.micro_batch, a.chunk) = ready + d;
-        first_start = std::min(first_start, ready);
-        last_end = std::max(last_end, ready + d);
-        if (record_pipeline)
-          rep.pipeline.push_back({s, layers::train::action_label(a, vpp), a.forward,
-                                  std::int64_t(ready), std::int64_t(ready + d)});
-        free_at[std::size_t(s)] = ready + d;
-        busy[std::size_t(s)] += d;
-        exposed_tp_sum[std::size_t(s)] += cost.exposed_tp_ns;
-        exposed_cp_sum[std::size_t(s)] += cost.exposed_cp_ns;
         ++i;
         --remaining;
         progressed = true;
       }
     }
-    COCEMU_CHECK(progressed, Errc::internal, "step model: the {} schedule stalled",
-                 layers::train::to_string(l.schedule));
+    if (progressed)
+      for (const int n : {(s + 1) % pp, (s + pp - 1) % pp})
+        if (!queued[std::size_t(n)]) {
+          queued[std::size_t(n)] = 1;
+          queue.push_back(n);
+        }
   }
+  COCEMU_CHECK(remaining == 0, Errc::internal, "step model: the {} schedule stalled ({} p2p)",
+               layers::train::to_string(l.schedule),
+               layers::train::to_string(layers::train::p2p_mode(l)));
 
   // DP: buckets of each stage, in the order the backward finalizes gradients.
   const DType grad_t = l.dtype == DType::f64                            ? DType::f64

@@ -75,6 +75,7 @@ std::string TrainLayout::describe() const {
   }
   if (micro_batch_interleave > 1) s += fmt::format(" {}-copy", micro_batch_interleave);
   if (!overlap_grad_reduce) s += " no-overlap-grad-reduce";
+  if (!overlap_p2p_comm && schedule == PipelineSchedule::interleaved) s += " no-overlap-p2p";
   if (!grad_reduce_in_fp32 && dtype != DType::f32 && dtype != DType::f64)
     s += fmt::format(" grad-reduce-{}", name_of(dtype));
   return s;
@@ -145,6 +146,12 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
                    "the interleaved schedule needs ≥ 2 model chunks per stage "
                    "(--num-layers-per-virtual-pipeline-stage); vpp is {}",
                    l.vpp);
+  if (l.schedule == PipelineSchedule::interleaved && !l.overlap_p2p_comm)
+    COCEMU_CHECK_ARG(l.pp > 2,
+                     "the interleaved schedule without overlap_p2p_comm needs pipeline_stage > 2, "
+                     "not {} (Megatron asserts it: a batched p2p call would pair two sends and "
+                     "receives between the same two ranks)",
+                     l.pp);
   if (l.schedule == PipelineSchedule::interleaved)
     COCEMU_CHECK_ARG(mb % l.pp == 0,
                      "the interleaved schedule needs micro_batch_num {} to be a multiple of "

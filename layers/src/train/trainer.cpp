@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "cocemu/collectives/ops.h"
@@ -178,7 +179,7 @@ class StageRunner {
     links_ = make_links(rank_, l_, stage_);
     build_model();
     const int m = int(l_.micro_batches());
-    const auto actions = pipeline_actions(l_.schedule, l_.pp, l_.vpp, m, stage_);
+    const auto steps = pipeline_steps(l_.schedule, p2p_mode(l_), l_.pp, l_.vpp, m, stage_);
     std::vector<std::uint32_t> firsts;
     for (int it = 0; it < o_.iterations; ++it) {
       iteration_ = it;
@@ -192,7 +193,12 @@ class StageRunner {
             layers::detail::elementwise(rank_, "zero copy grad", g.nbytes(),
                                         [g] { g.fill_zero(); });
         });
-      for (const auto& a : actions) {
+      for (const auto& step : steps) {
+        if (step.kind == PipelineStep::exchange) {
+          exchange(step);
+          continue;
+        }
+        const PipelineAction& a = step.action;
         const auto first = std::uint32_t(rank_.graph().ops.size());
         if (a.forward)
           forward(it, a);
@@ -414,30 +420,64 @@ class StageRunner {
     auto operator<=>(const Key&) const = default;
   };
 
-  /// A pipeline tensor (an activation or its gradient) to the neighbouring stage: whole, or with
-  /// Megatron 2021-2022's scatter/gather this TP rank's 1/tp slice of it.
-  void send(Group& link, const Tensor& t, int peer, int copy) {
-    if (!l_.pipeline_scatter_gather()) {
-      isend(link, t, peer);
-      return;
-    }
-    const Group& tp = copies_[std::size_t(copy)].tp;
-    const std::int64_t k = t.numel() / tp.size();
-    isend(link, t.flat(k * tp.rank(), k * (tp.rank() + 1)), peer);
+  /// A pipeline tensor in flight: an activation (forward) or its gradient, of a micro-batch's
+  /// chunk and copy; `incoming_` holds what an exchange received for a pass to come, `outgoing_`
+  /// what a pass produced for an exchange to send.
+  using Transfer = std::tuple<bool, int, int, int>;  // forward, micro-batch, chunk, copy
+  static Transfer transfer(const PipelineAction& a, int copy) {
+    return {a.forward, a.micro_batch, a.chunk, copy};
   }
-  /// What `send` sent: the whole tensor, or the slices, all-gathered over this stage's TP group
-  /// before the tensor is used (Megatron's gather_split_1d_tensor).
-  Tensor receive(Group& link, int peer, int copy) {
-    Tensor t = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
-    if (!l_.pipeline_scatter_gather()) {
-      irecv(link, t, peer).wait();
-      return t;
-    }
-    Group& tp = copies_[std::size_t(copy)].tp;
-    Tensor slice = alloc(rank_, {t.numel() / tp.size()}, l_.dtype);
-    irecv(link, slice, peer).wait();
-    all_gather(tp, t, slice).wait();
-    return t;
+
+  /// One p2p call of the schedule (pipeline_steps): every send and receive of each copy posted,
+  /// then the copy's compute stream waits for all of them (blocking) or for the receives only.
+  /// A tensor travels whole or, with Megatron 2021-2022's scatter/gather, as this TP rank's 1/tp
+  /// slice, all-gathered over the stage's TP group once received (gather_split_1d_tensor).
+  void exchange(const PipelineStep& step) {
+    const bool sliced = l_.pipeline_scatter_gather();
+    for (int c = 0; c < copies(); ++c)
+      on_copy(c, [&] {
+        Group& tp = copies_[std::size_t(c)].tp;
+        std::vector<Work> sends, recvs;
+        for (const PipelineAction& a : step.sends) {
+          auto node = outgoing_.extract(transfer(a, c));
+          COCEMU_CHECK(!node.empty(), Errc::internal,
+                       "rank {}: stage {} sends the output of {} before computing it", rank_.id(),
+                       stage_, action_label(a, l_.vpp));
+          const Tensor& t = node.mapped();
+          Group& link = a.forward ? links_.fwd_out : links_.bwd_out;
+          const int peer = a.forward ? links_.fwd_out_peer : links_.bwd_out_peer;
+          const std::int64_t k = t.numel() / tp.size();
+          sends.push_back(sliced ? isend(link, t.flat(k * tp.rank(), k * (tp.rank() + 1)), peer)
+                                 : isend(link, t, peer));
+        }
+        std::vector<std::pair<Tensor, Tensor>> received;  // (tensor, slice) per receive
+        for (const PipelineAction& a : step.recvs) {
+          Tensor t = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+          Tensor slice = sliced ? alloc(rank_, {t.numel() / tp.size()}, l_.dtype) : t;
+          Group& link = a.forward ? links_.fwd_in : links_.bwd_in;
+          const int peer = a.forward ? links_.fwd_in_peer : links_.bwd_in_peer;
+          recvs.push_back(irecv(link, slice, peer));
+          received.emplace_back(t, slice);
+          incoming_[transfer(a, c)] = t;
+        }
+        for (const Work& w : recvs)
+          w.wait();
+        if (step.blocking)
+          for (const Work& w : sends)
+            w.wait();
+        if (sliced)
+          for (const auto& [t, slice] : received)
+            all_gather(tp, t, slice).wait();
+      });
+  }
+
+  /// What an exchange received for pass `a` of copy c.
+  Tensor take_input(const PipelineAction& a, int c) {
+    auto node = incoming_.extract(transfer(a, c));
+    COCEMU_CHECK(!node.empty(), Errc::internal,
+                 "rank {}: stage {} runs {} before receiving its input", rank_.id(), stage_,
+                 action_label(a, l_.vpp));
+    return node.mapped();
   }
 
   void forward(int iteration, const PipelineAction& a) {
@@ -451,7 +491,7 @@ class StageRunner {
             return copies_[std::size_t(c)].embedding->forward(batch(a.micro_batch, c), rows());
           });
         } else {
-          x[std::size_t(c)] = receive(links_.fwd_in, links_.fwd_in_peer, c);
+          x[std::size_t(c)] = take_input(a, c);
         }
       });
     const std::size_t layers = copies_[0].chunks[std::size_t(a.chunk)].size();
@@ -489,7 +529,7 @@ class StageRunner {
                                                          o_.linear, slot);
           });
         } else {
-          send(links_.fwd_out, x[std::size_t(c)], links_.fwd_out_peer, c);
+          outgoing_[transfer(a, c)] = x[std::size_t(c)];
         }
       });
   }
@@ -521,7 +561,7 @@ class StageRunner {
                 node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp), o_.linear);
           });
         } else {
-          dy[std::size_t(c)] = receive(links_.bwd_in, links_.bwd_in_peer, c);
+          dy[std::size_t(c)] = take_input(a, c);
         }
       });
     if (last_stage_chunk(a.chunk) && last_micro_batch) grad_final(0);
@@ -556,7 +596,7 @@ class StageRunner {
                                                         dy[std::size_t(c)]);
           });
         else
-          send(links_.bwd_out, dy[std::size_t(c)], links_.bwd_out_peer, c);
+          outgoing_[transfer(a, c)] = dy[std::size_t(c)];
       });
     if (first_stage_chunk(a.chunk) && last_micro_batch) grad_final(embedding_slot_);
   }
@@ -619,6 +659,7 @@ class StageRunner {
   std::map<Key, std::shared_ptr<TransformerLayer::Context>> contexts_;
   std::map<Key, Tensor> inputs_;
   std::map<std::pair<int, int>, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
+  std::map<Transfer, Tensor> incoming_, outgoing_;
   std::vector<PipelineBlock> blocks_;
   std::vector<PieceRange> pieces_;
 };

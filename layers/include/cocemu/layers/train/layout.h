@@ -65,6 +65,11 @@ struct TrainLayout {
   /// iteration's forward waits for each bucket where it first reads it).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
+  /// Megatron's --overlap-p2p-comm for the interleaved schedule (its default since 2023-10): a
+  /// stage does not wait for its sends. Off (2021-2022 Megatron, batched p2p), every p2p call
+  /// blocks the stage until all its transfers are done (pipeline.h, P2PMode). Megatron's
+  /// non-interleaved 1F1B always blocks; GPipe never does.
+  bool overlap_p2p_comm = true;
   /// Megatron's --cross-entropy-loss-fusion: the loss runs as jit-fused kernels (fewer passes
   /// over the logits; see CrossEntropyTraffic) and one all_reduce carries the target logits and
   /// the exp-sums. The same numerics either way.

@@ -9,7 +9,10 @@
 /// stream ("dp comm", PyTorch gives each process group its own); every pipeline transfer on a
 /// stream of its own link and direction ("pp fwd in", "pp fwd out", "pp bwd in", "pp bwd out").
 /// The host enqueues a whole iteration without blocking; events order the streams, so the
-/// modeled timeline shows the pipeline as the schedule lays it out.
+/// modeled timeline shows the pipeline as the schedule lays it out. Pipeline transfers go out in
+/// Megatron's p2p calls (pipeline.h, pipeline_steps): in 1F1B (and interleaved without
+/// overlap_p2p_comm) a stage's compute waits for every send and receive of a call, in the
+/// overlapped interleaved schedule only for its receives.
 ///
 /// Context parallelism runs each layer's core attention as MindSpeed's CP attention (ring,
 /// Ulysses, hybrid, double ring) over the cp group, on this rank's seq/cp tokens (the

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "cocemu/bench/train/train_report.h"
+#include "cocemu/layers/train/buckets.h"
 #include "cocemu/layers/train/pipeline.h"
 #include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/error.h"
@@ -269,6 +270,123 @@ TEST(Pipeline, OneFOneBWaitsForItsSends) {
   }
 }
 
+// Megatron's DDP buckets (distributed_data_parallel.py, param_and_grad_buffer.py): bucket_size
+// = max(40M, 1M·dp) elements on pipeline rank 0's first chunk, closed when a bucket holds at
+// least that many (parameters are not split); one bucket on later pipeline ranks, on chunks > 0
+// and without overlap_grad_reduce; never across chunks. MindFormers' gradient_aggregation_group:
+// G groups of max((L + 1)/G, 1) layers (embedding and LM head with the first), one group of
+// layers with pp > 1.
+TEST(Buckets, MegatronsDdpAndMindFormersGroups) {
+  const DecoderShape m = gpt(4096, 32, 2048, 32);
+  // A stage's parameters in backward order: the LM head (last stage), chunks from the last,
+  // layers from the last, four linears each; the embedding (first stage).
+  auto params = [&](const TrainLayout& l, int stage) {
+    std::vector<GradParam> v;
+    if (stage == l.pp - 1) v.push_back({l.vpp - 1, -1, 51200 * 4096});
+    for (int c = l.vpp - 1; c >= 0; --c) {
+      const auto r = layers_of(m, l, stage, c);
+      for (std::int64_t k = r.count - 1; k >= 0; --k)
+        for (const std::int64_t n :
+             {4096LL * 16384, 4096LL * 16384, 4096LL * 4096, 3 * 4096LL * 4096})
+          v.push_back({c, r.first + k, n});
+    }
+    if (stage == 0) v.push_back({0, -1, 51200 * 4096});
+    return v;
+  };
+  auto count = [](const std::vector<int>& b) {
+    return b.empty() ? 0 : *std::max_element(b.begin(), b.end()) + 1;
+  };
+  TrainLayout l;
+  l.pp = 2;
+  l.vpp = 2;
+  l.dp = 8;
+  l.schedule = PipelineSchedule::interleaved;
+  EXPECT_EQ(megatron_bucket_elements(8), 40'000'000);
+  EXPECT_EQ(megatron_bucket_elements(64), 64'000'000);
+  // Stage 0: chunk 1 (8 layers) in one bucket, then chunk 0 cut at >= 40M elements: each layer's
+  // MLP linears (67M each) close a bucket alone, out+qkv (67M together) another: 3 per layer
+  // (24), and the embedding (210M) its own.
+  const auto p0 = params(l, 0);
+  const auto b0 = assign_buckets(m, l, 0, p0);
+  EXPECT_EQ(count(b0), 1 + 24 + 1);
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    if (p0[i].chunk == 1) {
+      EXPECT_EQ(b0[i], 0);
+    }
+  }
+  for (std::size_t i = 1; i < p0.size(); ++i)
+    EXPECT_LE(b0[i - 1], b0[i]) << "buckets are contiguous in backward order";
+  // Stage 1: one bucket per chunk.
+  const auto b1 = assign_buckets(m, l, 1, params(l, 1));
+  EXPECT_EQ(count(b1), 2);
+  // dp 128: buckets of 128M elements: the two MLP linears (134M) close one, out+qkv with the
+  // next layer's down (134M) the next, and so on: fewer buckets.
+  TrainLayout wide = l;
+  wide.dp = 128;
+  EXPECT_LT(count(assign_buckets(m, wide, 0, p0)), count(b0));
+  // Without --overlap-grad-reduce: one bucket per chunk everywhere.
+  TrainLayout no_overlap = l;
+  no_overlap.overlap_grad_reduce = false;
+  EXPECT_EQ(count(assign_buckets(m, no_overlap, 0, p0)), 2);
+  // An explicit bucket size applies on every stage (PyTorch DDP's bucket_cap_mb): 16-bit
+  // gradients of 100 MB are 50M elements.
+  TrainLayout cap = l;
+  cap.bucket_mb = 100;
+  cap.grad_reduce_in_fp32 = false;
+  EXPECT_GT(count(assign_buckets(m, cap, 1, params(cap, 1))), 2);
+  // MindFormers: pp 1, 32 layers, 4 groups of 33 / 4 = 8 layers; embedding and LM head with
+  // layers 0-7.
+  TrainLayout mf;
+  mf.dp = 8;
+  mf.gradient_aggregation_group = 4;
+  const auto pm = params(mf, 0);
+  const auto bm = assign_buckets(m, mf, 0, pm);
+  EXPECT_EQ(count(bm), 4);
+  for (std::size_t i = 0; i < pm.size(); ++i) {
+    const std::int64_t group = pm[i].layer < 0 ? 0 : pm[i].layer / 8;
+    const std::int64_t first_group = 3;  // the LM head's group appears first
+    EXPECT_EQ(bm[i], group == 0 ? 0 : first_group - group + 1) << i;
+  }
+  mf.pp = 2;
+  const auto bp = assign_buckets(m, mf, 0, params(mf, 0));
+  EXPECT_EQ(count(bp), 2);  // the layers, then the embedding
+}
+
+// The emulated ranks reduce those buckets: one reduction per iteration on the second pipeline
+// stage (bucketing off there), as many as assign_buckets gives on the first; with the
+// distributed optimizer the same buckets are all-gathered.
+TEST(Buckets, TheEmulatedRanksReduceMegatronsBuckets) {
+  TrainOptions o;
+  o.model = gpt(2048, 16, 1024, 4);
+  o.layout.pp = 2;
+  o.layout.dp = 2;
+  o.layout.micro_batch_size = 1;
+  o.layout.global_batch_size = 4;
+  o.layout.distributed_optimizer = true;
+  o.iterations = 1;
+  const auto r = dry_train(o);
+  auto count = [&](int rank, const char* what) {
+    int n = 0;
+    for (const auto& op : r.run.graph.ranks[std::size_t(rank)].ops)
+      n += op.cls == OpClass::comm && op.name.find(what) != std::string::npos;
+    return n;
+  };
+  // Stage 0 (ranks 0, 1): 2 layers of 16.8M + 16.8M + 4.2M + 12.6M elements and the embedding
+  // (51200 × 2048 = 105M): buckets close at >= 40M.
+  std::vector<GradParam> stage0;
+  for (const std::int64_t layer : {1, 0})
+    for (const std::int64_t n : {2048LL * 8192, 2048LL * 8192, 2048LL * 2048, 3 * 2048LL * 2048})
+      stage0.push_back({0, layer, n});
+  stage0.push_back({0, -1, 51200 * 2048});
+  const auto b0 = assign_buckets(o.model, o.layout, 0, stage0);
+  const int want0 = *std::max_element(b0.begin(), b0.end()) + 1;
+  EXPECT_GT(want0, 1);
+  EXPECT_EQ(count(0, "grad bucket"), want0);
+  EXPECT_EQ(count(0, "param bucket"), want0);
+  EXPECT_EQ(count(2, "grad bucket"), 1);
+  EXPECT_EQ(count(2, "param bucket"), 1);
+}
+
 // R-TR-7: Megatron's GPT layer, counted tensor by tensor, gives Korthikanti et al. (2022)'s
 // closed forms (Table 2: bytes per layer per micro-batch, 16-bit activations).
 // Megatron's --overlap-grad-reduce: with it, a bucket's reduction starts inside the backward;
@@ -355,9 +473,10 @@ TEST(Pipeline, CrossEntropyIsPricedAsMegatronsKernels) {
     }
 }
 
-// --overlap-param-gather: the distributed optimizer's parameter all-gathers of iteration 1 run
-// beside iteration 2's forward (which waits for each bucket where it first reads it); off, they
-// all end before that forward starts. Overlapped, the iteration is not longer.
+// --overlap-param-gather (Megatron's finish_param_sync, no interleaving): nothing goes out after
+// iteration 1's update; iteration 2's forward pre-hooks dispatch the all-gathers one bucket
+// ahead, so the first is exposed (the forward waits for it) and the later ones run beside the
+// forward. Off, every all-gather ends with iteration 1, before iteration 2's forward.
 TEST(Pipeline, ParameterGathersOverlapTheNextForwardOnlyWhenAsked) {
   std::int64_t iteration_ns[2] = {0, 0};
   for (const bool overlap : {true, false}) {
@@ -376,25 +495,35 @@ TEST(Pipeline, ParameterGathersOverlapTheNextForwardOnlyWhenAsked) {
     const auto& lanes = r.run.graph.ranks[0].lane_names;
     const auto& t = r.run.timeline.rank(0);
     const std::uint32_t second = r.iteration_first_op[0][1];
-    std::int64_t last_gather = 0, first_forward = INT64_MAX, start = INT64_MAX, end = 0;
+    std::int64_t first_forward = INT64_MAX, start = INT64_MAX, end = 0, last_before = 0;
+    std::vector<std::pair<std::int64_t, std::int64_t>> in_forward;  // iteration 2's, before Adam
+    bool adam = false;
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (i >= second && ops[i].cls != OpClass::host) {
+      if (i >= second && i < r.end_op[0] && ops[i].cls != OpClass::host) {
         start = std::min(start, t[i].start_ns);
         end = std::max(end, t[i].end_ns);
       }
-      const std::string& lane = lanes[std::size_t(ops[i].lane)];
-      if (lane == "dp comm" && ops[i].name.find("param bucket") != std::string::npos && i < second)
-        last_gather = std::max(last_gather, t[i].end_ns);
+      if (i >= second && ops[i].name == "adam") adam = true;
+      const bool gather = lanes[std::size_t(ops[i].lane)] == "dp comm" &&
+                          ops[i].name.find("param bucket") != std::string::npos;
+      if (gather && i < second) last_before = std::max(last_before, t[i].end_ns);
+      if (gather && i >= second && !adam) in_forward.push_back({t[i].start_ns, t[i].end_ns});
       if (i >= second && ops[i].cls == OpClass::compute &&
           ops[i].name.find("embedding") != std::string::npos)
         first_forward = std::min(first_forward, t[i].start_ns);
     }
-    ASSERT_GT(last_gather, 0);
     ASSERT_LT(first_forward, INT64_MAX);
-    if (overlap)
-      EXPECT_LT(first_forward, last_gather);
-    else
-      EXPECT_GE(first_forward, last_gather);
+    if (overlap) {
+      EXPECT_EQ(last_before, 0) << "nothing goes out after the first update";
+      ASSERT_GE(in_forward.size(), 3u);
+      std::sort(in_forward.begin(), in_forward.end());
+      EXPECT_LE(in_forward.front().second, first_forward) << "the first bucket is exposed";
+      EXPECT_GT(in_forward.back().second, first_forward) << "the others run beside the forward";
+    } else {
+      EXPECT_TRUE(in_forward.empty());
+      ASSERT_GT(last_before, 0);
+      EXPECT_GE(first_forward, last_before);
+    }
     iteration_ns[overlap ? 0 : 1] = end - start;
   }
   EXPECT_LE(iteration_ns[0], iteration_ns[1]);

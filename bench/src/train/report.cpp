@@ -50,9 +50,8 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
     for (int rank = 0; rank < run.timeline.n_ranks(); ++rank) {
       const auto& firsts = r.iteration_first_op[std::size_t(rank)];
       const std::uint32_t lo = firsts[std::size_t(it)];
-      const std::uint32_t hi = it + 1 < int(firsts.size())
-                                   ? firsts[std::size_t(it) + 1]
-                                   : std::uint32_t(run.graph.ranks[std::size_t(rank)].ops.size());
+      const std::uint32_t hi =
+          it + 1 < int(firsts.size()) ? firsts[std::size_t(it) + 1] : r.end_op[std::size_t(rank)];
       for (std::uint32_t i = lo; i < hi; ++i)
         end = std::max(end, run.timeline.rank(rank)[i].end_ns);
     }
@@ -112,7 +111,7 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
       std::int64_t end = 0;
       if (it < 0) return end;
       const std::uint32_t hi =
-          it + 1 < int(firsts.size()) ? firsts[std::size_t(it) + 1] : std::uint32_t(g.ops.size());
+          it + 1 < int(firsts.size()) ? firsts[std::size_t(it) + 1] : r.end_op[std::size_t(rank)];
       for (std::uint32_t i = firsts[std::size_t(it)]; i < hi; ++i)
         if (is_compute(g.ops[i])) end = std::max(end, times[i].end_ns);
       return end;
@@ -120,7 +119,7 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
     const std::int64_t lo = compute_end(iters - 2), hi = compute_end(iters - 1);
     std::vector<Interval> compute;
     std::map<std::string, std::vector<Interval>> comm;
-    for (std::uint32_t i = 0; i < g.ops.size(); ++i) {
+    for (std::uint32_t i = 0; i < r.end_op[std::size_t(rank)]; ++i) {
       const auto& op = g.ops[i];
       const auto& t = times[i];
       if (t.end_ns <= lo || t.start_ns >= hi) continue;

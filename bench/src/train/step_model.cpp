@@ -12,11 +12,13 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string_view>
 
 #include "../intervals.h"
 #include "cocemu/collectives/plan.h"
+#include "cocemu/layers/train/buckets.h"
 #include "cocemu/layers/train/pipeline.h"
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/error.h"
@@ -211,10 +213,12 @@ const std::vector<PipelineAction>& StepMemo::actions(layers::train::PipelineSche
 
 const std::vector<layers::train::PipelineStep>& StepMemo::steps(const TrainLayout& l, int stage) {
   const auto mode = layers::train::p2p_mode(l);
-  const StepsKey key{{l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage}, mode};
+  const int m = int(l.micro_batches());
+  const StepsKey key{{l.schedule, l.pp, l.vpp, m, stage}, mode};
   if (const auto it = impl_->steps.find(key); it != impl_->steps.end()) return it->second;
-  auto steps =
-      layers::train::pipeline_steps(l.schedule, mode, l.pp, l.vpp, int(l.micro_batches()), stage);
+  std::vector<layers::train::PipelineStep> steps;
+  layers::train::pipeline_steps(actions(l.schedule, l.pp, l.vpp, m, stage), l.schedule, mode, l.pp,
+                                l.vpp, stage, steps);
   return impl_->steps.emplace(key, std::move(steps)).first->second;  // elements never move
 }
 
@@ -316,6 +320,108 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       link_ns[std::size_t(s)] += memo->price(CollOp::all_gather, per_stage * to, 1, l.tp,
                                              slice_elems, l.dtype, std::uint64_t(act_bytes), det);
   }
+
+  // Each stage's gradient buffer (buckets.h, as the emulated ranks build it): its parameters in
+  // the order the backward finalizes them — the LM head, the chunks' layers from the last (each
+  // layer's linears in backward order), the embedding — and their buckets.
+  const DType grad_t = layers::train::reduce_dtype(l);
+  const double grad_bytes_each = double(size_of(grad_t));
+  const double vocab_rows = double(layers::train::padded_vocab(o.model.vocab, l.tp)) / l.tp;
+  const double h = double(o.model.hidden);
+  const auto layer_params = linear_parameters(o.model);  // per linear, before TP
+  // Gradients are reduced over dp × cp (rank = tp + tp·(cp + cp·(dp + dp·pp))).
+  const int dpc = l.dp * l.cp;
+  struct StageBuckets {
+    std::vector<layers::train::GradParam> params;
+    std::vector<int> bucket_of;
+    std::vector<double> elements;  ///< per bucket (padded to dp × cp when sharded)
+    std::vector<double> gather;    ///< per bucket: its parameter all-gather (sharded)
+    std::vector<int> chunk;        ///< per bucket
+  };
+  std::vector<StageBuckets> plan(static_cast<std::size_t>(pp));
+  for (int s = 0; s < pp; ++s) {
+    auto& b = plan[std::size_t(s)];
+    if (s == pp - 1) b.params.push_back({vpp - 1, -1, std::int64_t(vocab_rows * h)});
+    for (int c = vpp - 1; c >= 0; --c) {
+      const auto range = layers::train::layers_of(o.model, l, s, c);
+      for (std::int64_t k = range.count - 1; k >= 0; --k)
+        for (const double p : layer_params)
+          b.params.push_back({c, range.first + k, std::int64_t(p / l.tp)});
+    }
+    if (s == 0) b.params.push_back({0, -1, std::int64_t(vocab_rows * h)});
+    b.bucket_of = layers::train::assign_buckets(o.model, l, s, b.params);
+    const int n =
+        b.bucket_of.empty() ? 0 : 1 + *std::max_element(b.bucket_of.begin(), b.bucket_of.end());
+    b.elements.assign(std::size_t(n), 0);
+    b.chunk.assign(std::size_t(n), 0);
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      b.elements[std::size_t(b.bucket_of[i])] += double(b.params[i].numel);
+      b.chunk[std::size_t(b.bucket_of[i])] = b.params[i].chunk;
+    }
+    for (auto& e : b.elements) {
+      if (l.distributed_optimizer) e = std::ceil(e / dpc) * dpc;
+      b.gather.push_back(l.distributed_optimizer
+                             ? memo->price(CollOp::all_gather, per_stage * s, l.tp, dpc,
+                                           std::int64_t(e / dpc), l.dtype,
+                                           std::uint64_t(e * double(size_of(l.dtype))), det)
+                             : 0);
+    }
+  }
+  // --overlap-param-gather (buckets.h, parts.h ParamGather): the all-gathers of the last update
+  // go out during this iteration's first forwards. Without interleaving (chained) the first
+  // forward's pre-hooks dispatch them one bucket ahead, the first one exposed: the extra time that
+  // forward pays. With interleaving (aligned) the first two chunks' go out at the start, chunk
+  // c's at the forward whose unit + stage is the first micro-batch of chunk c − 1, and a chunk's
+  // first forward waits for its chunk's.
+  const bool overlapped_gathers = l.overlap_param_gather && l.distributed_optimizer;
+  std::vector<double> gather_stall(static_cast<std::size_t>(pp), 0);  // exposed DP, per stage
+  std::vector<double> first_forward_extra(static_cast<std::size_t>(pp), 0);
+  if (overlapped_gathers && vpp == 1)
+    for (int s = 0; s < pp; ++s) {
+      const auto& b = plan[std::size_t(s)];
+      // Where the first forward first reads each bucket (compute time from its start).
+      const double embedding = s == 0 ? ef.ns : 0;
+      std::vector<double> need(b.elements.size(), INFINITY);
+      const auto first_layer = layers::train::layers_of(o.model, l, s, 0).first;
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        const auto& p = b.params[i];
+        const double at = p.layer >= 0 ? embedding + double(p.layer - first_layer) * lf.ns
+                          : s == 0 && i + 1 == b.params.size()
+                              ? 0
+                              : embedding + layers_in(s, 0) * lf.ns;  // the LM head
+        auto& x = need[std::size_t(b.bucket_of[i])];
+        x = std::min(x, at);
+      }
+      double stall = 0, dp_free = 0;
+      std::vector<double> done_at_k(b.elements.size(), NAN);
+      for (int k = int(b.elements.size()) - 1; k >= 0; --k) {  // forward order
+        const double reach = need[std::size_t(k)] + stall;
+        if (std::isnan(done_at_k[std::size_t(k)]))
+          done_at_k[std::size_t(k)] = dp_free = std::max(reach, dp_free) + b.gather[std::size_t(k)];
+        const double resume = std::max(reach, done_at_k[std::size_t(k)]);
+        stall += resume - reach;
+        if (k > 0 && b.chunk[std::size_t(k - 1)] == b.chunk[std::size_t(k)])
+          done_at_k[std::size_t(k) - 1] = dp_free =
+              std::max(resume, dp_free) + b.gather[std::size_t(k) - 1];
+      }
+      first_forward_extra[std::size_t(s)] = stall;
+      gather_stall[std::size_t(s)] = stall;
+    }
+  // Aligned: per stage, when each chunk's all-gathers are done (dispatched as the replay goes).
+  std::vector<double> chunk_gathered(std::size_t(pp) * std::size_t(vpp), 0),
+      gather_free(static_cast<std::size_t>(pp), 0);
+  std::vector<int> forward_units(static_cast<std::size_t>(pp), 0);
+  auto dispatch_chunk = [&](int s, int c, double at) {
+    const auto& b = plan[std::size_t(s)];
+    double& free = gather_free[std::size_t(s)];
+    double& done_c = chunk_gathered[std::size_t(s) * std::size_t(vpp) + std::size_t(c)];
+    for (std::size_t k = 0; k < b.elements.size(); ++k)
+      if (b.chunk[k] == c) done_c = free = std::max(at, free) + b.gather[k];
+  };
+  if (overlapped_gathers && vpp > 1)
+    for (int s = 0; s < pp; ++s)
+      for (int c = 0; c < std::min(vpp, 2); ++c)
+        dispatch_chunk(s, c, 0);
 
   // Replay: every stage runs its steps (pipeline_steps: passes and p2p calls) in order.
   std::vector<const std::vector<layers::train::PipelineStep>*> steps(static_cast<std::size_t>(pp));
@@ -426,6 +532,23 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
         if (step.kind == layers::train::PipelineStep::compute) {
           const PipelineAction& a = step.action;
           const PartCost cost = action_cost(s, a);
+          if (overlapped_gathers && a.forward) {
+            if (vpp > 1) {
+              for (int c = 2; c < vpp; ++c)
+                if (forward_units[std::size_t(s)] + s == (c - 1) * pp) dispatch_chunk(s, c, now);
+              ++forward_units[std::size_t(s)];
+              if (a.micro_batch == 0) {  // the chunk's pre-hooks wait for its all-gathers
+                const double gathered =
+                    chunk_gathered[std::size_t(s) * std::size_t(vpp) + std::size_t(a.chunk)];
+                if (gathered > now) {
+                  gather_stall[std::size_t(s)] += gathered - now;
+                  now = gathered;
+                }
+              }
+            } else if (a.micro_batch == 0) {
+              now += first_forward_extra[std::size_t(s)];  // its pre-hooks' waits
+            }
+          }
           const double d = cost.ns;
           done(s, a.forward, a.micro_batch, a.chunk) = now + d;
           first_start = std::min(first_start, now);
@@ -529,87 +652,61 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
                layers::train::to_string(l.schedule),
                layers::train::to_string(layers::train::p2p_mode(l)));
 
-  // DP: buckets of each stage, in the order the backward finalizes gradients.
-  const DType grad_t = l.dtype == DType::f64                            ? DType::f64
-                       : l.grad_reduce_in_fp32 || l.dtype == DType::f32 ? DType::f32
-                                                                        : l.dtype;
-  const double grad_bytes_each = double(size_of(grad_t));
-  const double cap = l.bucket_mb * 1e6 / grad_bytes_each;
-  const double vocab_rows = double(layers::train::padded_vocab(o.model.vocab, l.tp)) / l.tp;
-  const double h = double(o.model.hidden);
-  const auto layer_params = linear_parameters(o.model);  // per linear, before TP
+  // DP: each bucket's reduction launches when its last gradient is final in the last
+  // micro-batch's backward (without --overlap-grad-reduce, after the backward), in that order on
+  // the stage's DP stream.
   std::vector<double> stage_end(static_cast<std::size_t>(pp)),
       optimizer_ns(static_cast<std::size_t>(pp)), exposed_dp(static_cast<std::size_t>(pp), 0);
-  // Gradients are reduced over dp × cp (rank = tp + tp·(cp + cp·(dp + dp·pp))).
-  const int dpc = l.dp * l.cp;
   for (int s = 0; s < pp; ++s) {
+    const auto& b = plan[std::size_t(s)];
     auto dp_price = [&](CollOp op, std::int64_t count, DType t, std::uint64_t bytes) {
       return memo->price(op, per_stage * s, l.tp, dpc, count, t, bytes, det);
     };
-    double dp_free = 0, bucket = 0, ready = 0, held = 0, owned = 0, gather_ns = 0;
+    // When each parameter's gradient is final, in b.params' order.
+    std::vector<double> bucket_ready(b.elements.size(), 0);
+    {
+      std::size_t i = 0;
+      auto final_at = [&](double t) {
+        auto& r = bucket_ready[std::size_t(b.bucket_of[i++])];
+        r = std::max(r, l.overlap_grad_reduce ? t : free_at[std::size_t(s)]);
+      };
+      for (int c = vpp - 1; c >= 0; --c) {
+        const double end = done(s, false, m - 1, c);
+        double at = end - duration(s, {false, m - 1, c});
+        if (s == pp - 1 && c == vpp - 1) final_at(at += sb.ns);
+        for (double k = 0, n = layers_in(s, c); k < n; ++k) {
+          at += lb.ns;
+          for (std::size_t p = 0; p < layer_params.size(); ++p)
+            final_at(at);
+        }
+        if (s == 0 && c == 0) final_at(end);
+      }
+    }
+    std::vector<int> order(b.elements.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return bucket_ready[std::size_t(x)] < bucket_ready[std::size_t(y)];
+    });
+    double dp_free = 0, owned = 0, gather_ns = 0;
     // The stage's compute end; a reduction overlapping compute slows it (and is slowed).
     double compute_end = free_at[std::size_t(s)];
-    auto launch = [&] {
-      if (bucket == 0) return;
-      double n = bucket;
-      if (l.distributed_optimizer) n = std::ceil(n / dpc) * dpc;
+    for (const int k : order) {
+      const double n = b.elements[std::size_t(k)];
       owned += l.distributed_optimizer ? n / dpc : n;
       if (dpc > 1) {
         const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
         const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / dpc : n);
         const double ns = dp_price(op, count, grad_t, std::uint64_t(n * grad_bytes_each));
-        const double start = std::max(ready, dp_free);
+        const double start = std::max(bucket_ready[std::size_t(k)], dp_free);
         dp_free = contended(start, ns, compute_end, prof.contention);
       }
-      if (l.distributed_optimizer) {
-        gather_ns += dp_price(CollOp::all_gather, std::int64_t(n / dpc), l.dtype,
-                              std::uint64_t(n * double(size_of(l.dtype))));
-      }
-      bucket = 0;
-      held = 0;
-    };
-    // Every parameter, as its gradient becomes final (ready time, elements), joins a bucket.
-    auto add = [&](double t, double n) {
-      bucket += n;
-      held += 1;
-      // Without --overlap-grad-reduce every reduction waits for the end of the backward.
-      ready = l.overlap_grad_reduce ? t : free_at[std::size_t(s)];
-      if ((l.bucket_params > 0 && held >= l.bucket_params) ||
-          (l.bucket_params == 0 && bucket >= cap))
-        launch();
-    };
-    for (int c = vpp - 1; c >= 0; --c) {
-      const double end = done(s, false, m - 1, c);
-      const double start = end - duration(s, {false, m - 1, c});
-      double at = start;
-      if (s == pp - 1 && c == vpp - 1) {
-        at += sb.ns;
-        add(at, vocab_rows * h);
-      }
-      for (double k = 0, n = layers_in(s, c); k < n; ++k) {
-        at += lb.ns;
-        for (const double p : layer_params)
-          add(at, p / l.tp);
-      }
-      if (s == 0 && c == 0) add(end, vocab_rows * h);
+      if (!overlapped_gathers) gather_ns += b.gather[std::size_t(k)];
     }
-    launch();
     const double last = compute_end;
     stage_end[std::size_t(s)] = std::max(last, dp_free);
-    exposed_dp[std::size_t(s)] = std::max(0.0, dp_free - last);
-    if (l.overlap_param_gather && gather_ns > 0) {
-      // --overlap-param-gather: the all-gathers run beside the next iteration's first forward
-      // pass on this stage (all its chunks of micro-batch 0), both slowed while they overlap;
-      // what the iteration pays is how much later that forward ends.
-      double forward = 0;
-      for (int c = 0; c < vpp; ++c)
-        forward += duration(s, {true, 0, c});
-      double compute_after = forward;
-      const double gathered = contended(0, gather_ns, compute_after, prof.contention);
-      gather_ns = std::max(gathered, compute_after) - forward;  // exposed below, once
-    }
+    exposed_dp[std::size_t(s)] = std::max(0.0, dp_free - last) + gather_stall[std::size_t(s)];
     // Adam reads the gradient and the f32 (f64) master weights and moments, writes those three
-    // back and the weights in their dtype.
+    // back and the weights in their dtype; without --overlap-param-gather the all-gathers follow.
     const double state_bytes = l.dtype == DType::f64 ? 8 : 4;
     const double adam_bytes =
         owned * (6 * state_bytes + grad_bytes_each + double(size_of(l.dtype)));

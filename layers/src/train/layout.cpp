@@ -74,6 +74,8 @@ std::string TrainLayout::describe() const {
       s += fmt::format("{}{}", i ? "/" : " ", stage_layers[i]);
   }
   if (micro_batch_interleave > 1) s += fmt::format(" {}-copy", micro_batch_interleave);
+  if (gradient_aggregation_group > 0)
+    s += fmt::format(" fusion-groups{}", gradient_aggregation_group);
   if (!overlap_grad_reduce) s += " no-overlap-grad-reduce";
   if (!overlap_p2p_comm && schedule == PipelineSchedule::interleaved) s += " no-overlap-p2p";
   if (!grad_reduce_in_fp32 && dtype != DType::f32 && dtype != DType::f64)
@@ -187,10 +189,10 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
                      "micro_batch_interleave_num 2 splits each micro-batch in two along the "
                      "batch: micro batch size {} must be even",
                      l.micro_batch_size);
-  COCEMU_CHECK_ARG(l.bucket_params >= 0 && l.bucket_mb > 0,
-                   "gradient buckets: gradient_aggregation_group {} must be ≥ 0 and bucket MB {} "
-                   "> 0",
-                   l.bucket_params, l.bucket_mb);
+  COCEMU_CHECK_ARG(l.bucket_params >= 0 && l.bucket_mb >= 0 && l.gradient_aggregation_group >= 0,
+                   "gradient buckets: parameters per bucket {}, bucket MB {} and "
+                   "gradient_aggregation_group {} must be >= 0 (0: Megatron's DDP buckets)",
+                   l.bucket_params, l.bucket_mb, l.gradient_aggregation_group);
   COCEMU_CHECK_ARG(l.coc_parallel_num >= 1 && l.coc_parallel_num <= 64,
                    "CoC parallel_num {} must be in [1, 64]", l.coc_parallel_num);
   return out;

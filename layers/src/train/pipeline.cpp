@@ -110,7 +110,14 @@ bool sends_output(const PipelineAction& a, int pp, int vpp, int stage) {
 
 std::vector<PipelineStep> pipeline_steps(PipelineSchedule schedule, P2PMode mode, int pp, int vpp,
                                          int m, int stage) {
-  const auto actions = pipeline_actions(schedule, pp, vpp, m, stage);
+  std::vector<PipelineStep> out;
+  pipeline_steps(pipeline_actions(schedule, pp, vpp, m, stage), schedule, mode, pp, vpp, stage,
+                 out);
+  return out;
+}
+
+void pipeline_steps(const std::vector<PipelineAction>& actions, PipelineSchedule schedule,
+                    P2PMode mode, int pp, int vpp, int stage, std::vector<PipelineStep>& out) {
   COCEMU_CHECK_ARG(mode != P2PMode::blocking_1f1b || schedule == PipelineSchedule::one_f_one_b,
                    "pipeline_steps: blocking 1F1B p2p needs the 1f1b schedule, not {}",
                    to_string(schedule));
@@ -118,11 +125,11 @@ std::vector<PipelineStep> pipeline_steps(PipelineSchedule schedule, P2PMode mode
       mode != P2PMode::blocking_interleaved || schedule == PipelineSchedule::interleaved,
       "pipeline_steps: blocking interleaved p2p needs the interleaved schedule, not {}",
       to_string(schedule));
-  std::vector<PipelineStep> out;
+  out.clear();
   const auto n = actions.size();
   // One p2p call: the sends of `sent` that leave this stage, the receives of `next` that come in.
-  auto call = [&](std::vector<const PipelineAction*> sent, std::vector<const PipelineAction*> next,
-                  bool blocking) {
+  auto call = [&](std::initializer_list<const PipelineAction*> sent,
+                  std::initializer_list<const PipelineAction*> next, bool blocking) {
     PipelineStep x{.kind = PipelineStep::exchange, .blocking = blocking};
     for (const auto* a : sent)
       if (a && sends_output(*a, pp, vpp, stage)) x.sends.push_back(*a);
@@ -171,7 +178,9 @@ std::vector<PipelineStep> pipeline_steps(PipelineSchedule schedule, P2PMode mode
       const std::size_t warmup = all_warmup ? total : lead - 1;
       const std::size_t steady = total - warmup;
       // The i-th forward and backward passes in order.
-      std::vector<const PipelineAction*> fwd, bwd;
+      thread_local std::vector<const PipelineAction*> fwd, bwd;
+      fwd.clear();
+      bwd.clear();
       for (const auto& a : actions)
         (a.forward ? fwd : bwd).push_back(&a);
       auto f = [&](std::size_t k) { return k < fwd.size() ? fwd[k] : nullptr; };
@@ -197,7 +206,6 @@ std::vector<PipelineStep> pipeline_steps(PipelineSchedule schedule, P2PMode mode
       break;
     }
   }
-  return out;
 }
 
 double ideal_bubble_fraction(int pp, int vpp, int m) {

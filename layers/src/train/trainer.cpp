@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/layers/train/buckets.h"
 #include "cocemu/layers/transformer.h"
 #include "cocemu/runtime/error.h"
 #include "kernels.h"
@@ -101,6 +103,7 @@ struct Collected {
   std::vector<PipelineBlock> blocks;
   std::vector<PieceRange> pieces;
   std::vector<std::vector<std::uint32_t>> iteration_first_op;
+  std::vector<std::uint32_t> end_op;
 };
 
 /// The p2p groups of this rank's pipeline links, each with its own stream (one per link and
@@ -193,6 +196,12 @@ class StageRunner {
             layers::detail::elementwise(rank_, "zero copy grad", g.nbytes(),
                                         [g] { g.fill_zero(); });
         });
+      // Megatron's interleaved schedule with aligned parameter all-gathers: the first two
+      // chunks' go out before the first forward, chunk c's at the forward whose unit + stage is
+      // the first micro-batch of chunk c − 1 (forward_step_helper's param_sync_func).
+      for (int c = 0; c < std::min(l_.vpp, 2) && l_.vpp > 1; ++c)
+        buffers_->start_gathers(c);
+      int forward_unit = 0;
       for (const auto& step : steps) {
         if (step.kind == PipelineStep::exchange) {
           exchange(step);
@@ -200,18 +209,24 @@ class StageRunner {
         }
         const PipelineAction& a = step.action;
         const auto first = std::uint32_t(rank_.graph().ops.size());
-        if (a.forward)
+        if (a.forward) {
+          for (int c = 2; c < l_.vpp; ++c)
+            if (forward_unit + stage_ == (c - 1) * l_.pp) buffers_->start_gathers(c);
+          ++forward_unit;
           forward(it, a);
-        else
+        } else {
           backward(a);
+        }
         if (it == o_.iterations - 1)
           blocks_.push_back(
               {rank_.id(), stage_, a, first, std::uint32_t(rank_.graph().ops.size())});
       }
       optimizer_step(it);
     }
+    const auto end = std::uint32_t(rank_.graph().ops.size());
+    buffers_->finish_gathers();  // parameters current for the report (after the last iteration)
     rank_.synchronize();
-    collect(std::move(firsts));
+    collect(std::move(firsts), end);
   }
 
  private:
@@ -310,8 +325,11 @@ class StageRunner {
     // (each layer's linears in backward order), the embedding. A binding per copy.
     using Bind = std::function<void(const Tensor&, const Tensor&)>;
     std::vector<std::vector<Bind>> binds;
-    auto add = [&](std::string name, const Shape& shape, auto bind_copy) {
-      slots.push_back({std::move(name), 0, shape.numel(), shape});
+    std::vector<GradParam> grad_params;  // the same, as buckets.h sees them
+    auto add = [&](std::string name, const Shape& shape, auto bind_copy, int chunk = 0,
+                   std::int64_t layer = -1) {
+      slots.push_back({std::move(name), 0, shape.numel(), shape, chunk});
+      grad_params.push_back({chunk, layer, shape.numel()});
       std::vector<Bind> per_copy;
       for (int c = 0; c < copies(); ++c)
         per_copy.push_back(
@@ -329,9 +347,12 @@ class StageRunner {
                                                         l_.dtype, l_.cross_entropy_fusion);
       }
       lm_head_slot_ = int(slots.size());
-      add("lm_head", Shape{vl, md.hidden}, [this](int c, const Tensor& w, const Tensor& g) {
-        copies_[std::size_t(c)].loss->head().bind(w, g);
-      });
+      add(
+          "lm_head", Shape{vl, md.hidden},
+          [this](int c, const Tensor& w, const Tensor& g) {
+            copies_[std::size_t(c)].loss->head().bind(w, g);
+          },
+          l_.vpp - 1);
     }
     for (auto& copy : copies_) {
       copy.chunks.resize(std::size_t(l_.vpp));
@@ -357,14 +378,22 @@ class StageRunner {
           return copies_[std::size_t(copy)].chunks[std::size_t(c)][std::size_t(li)].layer.get();
         };
         const TransformerLayer& l0 = *entry.layer;
-        add(p + "mlp.down", l0.mlp_down().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_down().bind(w, g); });
-        add(p + "mlp.up", l0.mlp_up().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_up().bind(w, g); });
-        add(p + "attn.out", l0.attn_out().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->attn_out().bind(w, g); });
-        add(p + "attn.qkv", l0.qkv().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->qkv().bind(w, g); });
+        add(
+            p + "mlp.down", l0.mlp_down().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_down().bind(w, g); },
+            c, entry.index);
+        add(
+            p + "mlp.up", l0.mlp_up().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_up().bind(w, g); }, c,
+            entry.index);
+        add(
+            p + "attn.out", l0.attn_out().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->attn_out().bind(w, g); },
+            c, entry.index);
+        add(
+            p + "attn.qkv", l0.qkv().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->qkv().bind(w, g); }, c,
+            entry.index);
       }
     if (stage_ == 0) {
       const Tensor full = table(false);
@@ -379,9 +408,13 @@ class StageRunner {
           });
       embedding_slot_ = int(slots.size()) - 1;
     }
+    const detail::ParamGather gather = !l_.overlap_param_gather ? detail::ParamGather::after_update
+                                       : l_.vpp > 1             ? detail::ParamGather::aligned
+                                                                : detail::ParamGather::chained;
     buffers_ = std::make_unique<detail::ParamBuffers>(
-        rank_, std::move(slots), l_.dtype, dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
-        l_.bucket_params, l_.bucket_mb, l_.overlap_grad_reduce, l_.overlap_param_gather);
+        rank_, std::move(slots), assign_buckets(md, l_, stage_, grad_params), l_.dtype,
+        reduce_dtype(l_), dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
+        l_.overlap_grad_reduce, gather);
     for (int i = 0; i < int(binds.size()); ++i) {
       binds[std::size_t(i)][0](buffers_->param(i), buffers_->grad(i));
       for (int c = 1; c < copies(); ++c) {
@@ -631,9 +664,10 @@ class StageRunner {
     buffers_->update(dp_cp_, iteration + 1, o_.adam, mean);
   }
 
-  void collect(std::vector<std::uint32_t> firsts) {
+  void collect(std::vector<std::uint32_t> firsts, std::uint32_t end) {
     std::lock_guard lock(out_.mu);
     out_.iteration_first_op[std::size_t(rank_.id())] = std::move(firsts);
+    out_.end_op[std::size_t(rank_.id())] = end;
     out_.blocks.insert(out_.blocks.end(), blocks_.begin(), blocks_.end());
     out_.pieces.insert(out_.pieces.end(), pieces_.begin(), pieces_.end());
     if (!rank_.numerics() || mesh_.dp_rank != 0 || mesh_.cp_rank != 0) return;
@@ -703,6 +737,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
                       std::vector<std::shared_ptr<double>>(std::size_t(m))));
   out.grad_norm.assign(std::size_t(o.iterations), nullptr);
   out.iteration_first_op.resize(std::size_t(l.world()));
+  out.end_op.resize(std::size_t(l.world()));
   result.run = run(world, [&](Rank& rank) { StageRunner(rank, o, out).run(); });
   if (result.run.numerics) {
     for (const auto& per_dp : out.loss) {
@@ -719,6 +754,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   result.blocks = std::move(out.blocks);
   result.pieces = std::move(out.pieces);
   result.iteration_first_op = std::move(out.iteration_first_op);
+  result.end_op = std::move(out.end_op);
   return result;
 }
 

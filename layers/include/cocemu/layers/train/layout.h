@@ -42,14 +42,18 @@ struct TrainLayout {
   bool distributed_optimizer = false;  ///< Megatron's --use-distributed-optimizer
   bool gradients_mean = true;          ///< divide reduced gradients by dp
   int micro_batch_interleave = 1;      ///< MindSpore's micro_batch_interleave_num (1 or 2)
-  /// Gradient buckets: the DP reduction of a bucket starts when its last gradient is ready.
-  /// bucket_params > 0 (MindFormers' gradient_aggregation_group): that many parameters per
-  /// bucket; else bucket_mb of f32 gradients per bucket (Megatron's DDP bucket).
+  /// Gradient buckets (buckets.h): the DP reduction of a bucket starts when its last gradient
+  /// is ready. All zero: Megatron's DDP (max(40M, 1M·dp) elements per bucket on pipeline rank
+  /// 0's first chunk, one bucket per chunk elsewhere and without overlap_grad_reduce).
+  /// gradient_aggregation_group > 0: MindFormers' comm-fusion groups over the layers (one group
+  /// of layers when pp > 1). bucket_params > 0: that many parameters per bucket. bucket_mb > 0:
+  /// that many MB of reduced gradients per bucket on every stage (PyTorch DDP's bucket_cap_mb).
+  int gradient_aggregation_group = 0;
   int bucket_params = 0;
-  double bucket_mb = 40.0 * 4;  ///< Megatron's default bucket of 40 M f32 elements
+  double bucket_mb = 0;
   /// Gradients accumulated and reduced in f32 (Megatron's --accumulate-allreduce-grads-in-fp32,
-  /// forced with bf16); false: in the 16-bit dtype, as 2021 Megatron's fp16 runs without that flag
-  /// did. Only the step model prices false (the emulated ranks keep f32 gradients).
+  /// forced with bf16); false: reduced in the 16-bit dtype, as 2021 Megatron's fp16 runs without
+  /// that flag did (the emulated ranks round each bucket to it for its reduction and back).
   bool grad_reduce_in_fp32 = true;
   /// Explicit layers per stage (pp entries summing to num_layers); empty: an even split.
   std::vector<std::int64_t> stage_layers;

@@ -81,6 +81,9 @@ bool sends_output(const PipelineAction& a, int pp, int vpp, int stage);
 /// Exchanges with nothing to send or receive are left out.
 std::vector<PipelineStep> pipeline_steps(PipelineSchedule schedule, P2PMode mode, int pp, int vpp,
                                          int micro_batches, int stage);
+/// The same from the stage's pipeline_actions, into `out` (cleared first; its storage reused).
+void pipeline_steps(const std::vector<PipelineAction>& actions, PipelineSchedule schedule,
+                    P2PMode mode, int pp, int vpp, int stage, std::vector<PipelineStep>& out);
 
 /// The classic bubble fraction of a schedule with equal stage times, (pp − 1) / (vpp·m + pp − 1)
 /// of the ideal time: what the modeled timeline is compared with in the tests.

@@ -83,6 +83,9 @@ struct TrainResult {
   std::vector<PieceRange> pieces;  ///< with TrainOptions::record_pieces
   /// Per rank, the index of its first op of each iteration (to cut the timeline).
   std::vector<std::vector<std::uint32_t>> iteration_first_op;
+  /// Per rank, the index after its last iteration's ops (what follows, the final parameter
+  /// all-gathers of --overlap-param-gather, belongs to no iteration).
+  std::vector<std::uint32_t> end_op;
   std::int64_t padded_vocab = 0;
   std::vector<std::string> warnings;
   RunResult run;

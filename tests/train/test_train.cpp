@@ -103,6 +103,11 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.schedule = PipelineSchedule::one_f_one_b;
   });
   add("pp2 gpipe", [](TrainOptions& o) { o.layout.pp = 2; });
+  add("pp2 1f1b, uneven stages", [](TrainOptions& o) {
+    o.layout.pp = 2;
+    o.layout.schedule = PipelineSchedule::one_f_one_b;
+    o.layout.stage_layers = {1, 3};
+  });
   add("pp2 interleaved vpp2", [](TrainOptions& o) {
     o.layout.pp = 2;
     o.layout.vpp = 2;
@@ -225,6 +230,52 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
   for (const auto& [name, w] : want.weights)
     differing += !w.bitwise_equal(changed.weights.at(name));
   EXPECT_EQ(differing, int(want.weights.size()));
+}
+
+}  // namespace
+}  // namespace cocemu::layers::train
+
+namespace cocemu::layers::train {
+namespace {
+
+// grad_reduce_in_fp32 false (2021 Megatron's fp16 runs): each bucket is reduced in the 16-bit
+// dtype. The first loss is before any update and stays; the reduced gradients are rounded, so
+// the gradient norm moves by about bf16's precision and the weights after the update move; and
+// the result is still the same bits whatever the pipeline layout, sharding or schedule seed.
+TEST(TrainTruth, SixteenBitGradientReductionRoundsTheSameWayInEveryLayout) {
+  TrainOptions wide = options(1, 2, 1);
+  wide.layout.dtype = DType::bf16;
+  wide.iterations = 2;
+  TrainOptions narrow = wide;
+  narrow.layout.grad_reduce_in_fp32 = false;
+  const TrainResult a = train(wide, {}), b = train(narrow, {});
+  ASSERT_EQ(a.loss.size(), 2u);
+  EXPECT_EQ(a.loss[0], b.loss[0]);
+  EXPECT_NE(a.grad_norm[0], b.grad_norm[0]);
+  EXPECT_NEAR(b.grad_norm[0] / a.grad_norm[0], 1.0, 1.0 / 128);
+  int differing = 0;
+  for (const auto& [name, w] : a.weights)
+    differing += !w.bitwise_equal(b.weights.at(name));
+  EXPECT_GT(differing, 0);
+  for (auto edit : std::vector<std::function<void(TrainOptions&)>>{
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.schedule = PipelineSchedule::one_f_one_b;
+           },
+           [](TrainOptions& o) { o.layout.distributed_optimizer = true; },
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.vpp = 2;
+             o.layout.schedule = PipelineSchedule::interleaved;
+             o.layout.bucket_params = 3;
+           }}) {
+    TrainOptions o = narrow;
+    edit(o);
+    expect_same_training(b, train(o, {}), "16-bit reduction, " + o.layout.describe());
+  }
+  WorldOptions seeded;
+  seeded.schedule_seed = 777;
+  expect_same_training(b, train(narrow, seeded), "16-bit reduction, schedule seed");
 }
 
 }  // namespace

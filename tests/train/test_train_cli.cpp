@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "cocemu/bench/train/step_model.h"
 #include "cocemu/bench/train/train_config.h"
 #include "cocemu/layers/train/layout.h"
+#include "cocemu/layers/train/trainer.h"
 #include "testing.h"
 
 namespace cocemu::layers::train {
@@ -109,6 +111,20 @@ TEST(TrainLayoutRules, EachRuleIsAClearError) {
     const auto warn = check_layout(v, layout(2, 2, 2), 8);
     ASSERT_FALSE(warn.warnings.empty());
     EXPECT_NE(warn.warnings[0].find("vocab_size 1001"), std::string::npos);
+  }
+  {
+    // MindSpeed's context-parallel attention is flash attention: unfused attention with cp > 1
+    // is refused, not priced as something else.
+    TrainOptions o;
+    o.model = m;
+    o.model.flash_attention = false;
+    o.layout = layout(1, 1, 1);
+    o.layout.cp = 2;
+    o.layout.global_batch_size = 2;
+    WorldOptions dry;
+    dry.numerics = false;
+    testing::expect_error([&] { train(o, dry); }, Errc::invalid_argument,
+                          {"context parallel 2 with unfused core attention"});
   }
   {
     // Sequence parallelism splits [s, b, h] along s only (Megatron's _split_along_first_dim
@@ -407,6 +423,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     bool deterministic = true;
     bool overlap_param_gather = false;
     bool sequence_parallel = true, scatter_gather = false;
+    int fusion_groups = 0;
+    bool fp32_reduce = true;
+    std::vector<std::int64_t> stage_layers = {};
+    bool flash = true;
   };
   using layers::train::PipelineSchedule;
   using layers::train::Recompute;
@@ -428,7 +448,45 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
                        "megatron_cp_algo", true, true},
                      // 2021-2022 Megatron's pipeline tensors: TP slices, all-gathered.
                      C{4, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 1,
-                       "megatron_cp_algo", true, false, false, true}}) {
+                       "megatron_cp_algo", true, false, false, true},
+                     // MindFormers' fusion groups (4 over 8 layers), gradients reduced in bf16.
+                     C{2, 4, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 1,
+                       "megatron_cp_algo", true, false, true, false, 4, false},
+                     // Uneven stages.
+                     C{2,
+                       2,
+                       2,
+                       1,
+                       PipelineSchedule::one_f_one_b,
+                       Recompute::none,
+                       true,
+                       1,
+                       "megatron_cp_algo",
+                       true,
+                       false,
+                       true,
+                       false,
+                       0,
+                       true,
+                       {3, 5}},
+                     // Megatron's unfused core attention (runs before FlashAttention).
+                     C{2,
+                       2,
+                       2,
+                       1,
+                       PipelineSchedule::one_f_one_b,
+                       Recompute::none,
+                       false,
+                       1,
+                       "megatron_cp_algo",
+                       true,
+                       false,
+                       false,
+                       false,
+                       0,
+                       true,
+                       {},
+                       false}}) {
     TrainSetup s;
     s.dry_run = true;
     s.deterministic = c.deterministic;
@@ -446,6 +504,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     o.layout.overlap_param_gather = c.overlap_param_gather;
     o.layout.sequence_parallel = c.sequence_parallel;
     o.layout.scatter_gather_tensors_in_pipeline = c.scatter_gather;
+    o.layout.gradient_aggregation_group = c.fusion_groups;
+    o.layout.grad_reduce_in_fp32 = c.fp32_reduce;
+    o.layout.stage_layers = c.stage_layers;
+    o.model.flash_attention = c.flash;
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
     o.layout.micro_batch_size = 1;
@@ -458,6 +520,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     const auto emulated = report_from_run(s, layers::train::train(o, w));
     const auto modeled = model_step(s);
     const double ratio = double(modeled.iteration_ns) / double(emulated.iteration_ns);
+    std::printf("%-70s step model / emulated %.3f\n", o.layout.describe().c_str(), ratio);
     EXPECT_NEAR(ratio, 1.0, 0.10) << o.layout.describe() << ": step model " << modeled.iteration_ns
                                   << " ns, emulated " << emulated.iteration_ns << " ns";
     EXPECT_NEAR(modeled.bubble_fraction, emulated.bubble_fraction, 0.06) << o.layout.describe();
@@ -615,8 +678,8 @@ TEST(StepModel, ScatterGatherSendsSlicesAcrossNodes) {
 }
 
 // 2021 Megatron's fp16 runs reduced their gradients in fp16 (no --accumulate-allreduce-grads-in-
-// fp32): the step model then moves half the bytes per reduction and keeps 16-bit gradients; the
-// emulated ranks keep f32 gradients, so train() refuses the setting instead of ignoring it.
+// fp32): the step model then moves half the bytes per reduction and keeps 16-bit gradients, and
+// the emulated ranks reduce each bucket in bf16 (half the bytes, the same buckets).
 TEST(StepModel, SixteenBitGradientReductionMovesHalfTheBytes) {
   TrainSetup s;
   s.dry_run = true;
@@ -650,11 +713,24 @@ TEST(StepModel, SixteenBitGradientReductionMovesHalfTheBytes) {
   EXPECT_LT(narrow.iteration_ns, wide.iteration_ns);
   EXPECT_GT(grads(wide), 0);
   EXPECT_DOUBLE_EQ(grads(narrow), grads(wide) / 2);
+  o.model.num_layers = 2;  // a short emulated run: count the reductions' bytes
+  o.iterations = 1;
   WorldOptions w;
   w.profile = s.profile;
   w.numerics = false;
-  testing::expect_error([&] { layers::train::train(o, w); }, Errc::invalid_argument,
-                        {"grad_reduce_in_fp32 false", "step model only", "bf16"});
+  auto reduced_bytes = [&] {
+    const auto r = layers::train::train(o, w);
+    std::uint64_t bytes = 0;
+    for (const auto& op : r.run.graph.ranks[0].ops)
+      if (op.cls == OpClass::comm && op.name.find("grad bucket") != std::string::npos)
+        bytes += op.bytes;
+    return bytes;
+  };
+  const std::uint64_t half = reduced_bytes();
+  o.layout.grad_reduce_in_fp32 = true;
+  const std::uint64_t full = reduced_bytes();
+  EXPECT_GT(full, 0u);
+  EXPECT_EQ(2 * half, full);
 }
 
 }  // namespace

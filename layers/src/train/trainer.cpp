@@ -704,11 +704,10 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   const TrainLayout& l = o.layout;
   TrainResult result;
   result.warnings = check_layout(o.model, l, l.world()).warnings;
-  COCEMU_CHECK_ARG(l.grad_reduce_in_fp32 || l.dtype == DType::f32 || l.dtype == DType::f64,
-                   "gradients reduced in {} (grad_reduce_in_fp32 false) are priced by the step "
-                   "model only (engine model); the emulated ranks accumulate and reduce {} "
-                   "gradients in f32",
-                   name_of(l.dtype), name_of(l.dtype));
+  COCEMU_CHECK_ARG(l.cp == 1 || o.model.flash_attention,
+                   "context parallel {} with unfused core attention: MindSpeed's context-parallel "
+                   "attention is flash attention (use flash attention, or context parallel 1)",
+                   l.cp);
   COCEMU_CHECK_ARG(l.cp == 1 || !world.numerics || l.dtype == DType::f32 || l.dtype == DType::f64,
                    "context parallel attention runs its numerics in f32 or f64, not {}: use "
                    "--dtype f32 (or --dry-run to model {})",

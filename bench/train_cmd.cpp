@@ -34,8 +34,9 @@ struct TrainOpts {
   bool sp = false, no_sp = false, dist_opt = false, nondeterministic = false,
        deterministic_mode = false, overlap_param_gather = false, ce_fusion = false,
        pp_scatter_gather = false, overlap_grad_reduce = false, no_overlap_grad_reduce = false,
-       grads_fp32 = false, grads_bf16 = false, flash_attn = false, recompute_activations = false,
-       ascend_coc = false, coc_fused_kernel = false, tp_comm_overlap = false;
+       no_overlap_p2p = false, grads_fp32 = false, grads_bf16 = false, flash_attn = false,
+       recompute_activations = false, ascend_coc = false, coc_fused_kernel = false,
+       tp_comm_overlap = false;
 };
 
 /// The largest world the emulator runs rank by rank; larger ones go to the step model.
@@ -143,6 +144,7 @@ void collect_flags(TrainOpts& o, CLI::App* sub) {
        "--no-overlap-grad-reduce");
   if (o.overlap_grad_reduce) f.overlap_grad_reduce.set(true, "--overlap-grad-reduce");
   if (o.no_overlap_grad_reduce) f.overlap_grad_reduce.set(false, "--no-overlap-grad-reduce");
+  if (o.no_overlap_p2p) f.overlap_p2p_comm.set(false, "--no-overlap-p2p-communication");
   both(o.grads_fp32, "--accumulate-allreduce-grads-in-fp32", o.grads_bf16, "--grad-reduce-in-bf16");
   if (o.grads_fp32) f.grad_reduce_in_fp32.set(true, "--accumulate-allreduce-grads-in-fp32");
   if (o.grads_bf16) f.grad_reduce_in_fp32.set(false, "--grad-reduce-in-bf16");
@@ -277,6 +279,9 @@ void add_train(CLI::App& app) {
   sub->add_flag("--no-overlap-grad-reduce", o->no_overlap_grad_reduce,
                 "every DP reduction after the backward (Megatron-LM without "
                 "--overlap-grad-reduce; cocemu's own flag)");
+  sub->add_flag("--no-overlap-p2p-communication", o->no_overlap_p2p,
+                "interleaved 1F1B: blocking batched p2p calls (Megatron-LM's flag; the 2021-2022 "
+                "papers' runs); non-interleaved 1F1B always blocks");
   sub->add_flag("--overlap-param-gather", o->overlap_param_gather,
                 "the distributed optimizer's parameter all-gathers overlap the next forward "
                 "(each bucket waited where the forward first reads it)");
@@ -330,8 +335,12 @@ void add_train(CLI::App& app) {
                        "MindFormers' fusion groups of the layers' gradients (one group with "
                        "pipeline stages)",
                        1, 1 << 20);
-  number<double>(sub, "--bucket-mb", o->bucket_mb, "MB of f32 gradients per bucket (default 160)",
-                 1e-6, 1e6);
+  number<double>(
+      sub, "--bucket-mb", o->bucket_mb,
+      "MB (1e6 bytes) of reduced gradients per DP bucket on every stage, as PyTorch DDP's "
+      "bucket_cap_mb (default: Megatron's DDP buckets, max(40M, 1M x dp) elements on "
+      "the first stage's first chunk, one bucket elsewhere)",
+      1e-6, 1e6);
   number<std::int64_t>(sub, "--iterations", o->iterations, "training iterations (default 3)", 1,
                        1000);
   sub->add_flag("--dry-run", o->dry_run, "shapes only: modeled time and memory, no numerics");

@@ -91,7 +91,9 @@ TransformerLayer::TransformerLayer(Group& tp, const TransformerConfig& c,
   if (cp && cp->group.size() > 1) {
     attn::CpConfig config = cp->config;
     config.context_parallel_size = cp->group.size();
-    config.tensor_model_parallel_size = ws;
+    // The problem below is this TP rank's heads: MindSpeed's rule heads % (tp·cp) is then
+    // (heads/tp) % cp, checked with tp 1 (the trainer checks the model's heads with tp).
+    config.tensor_model_parallel_size = 1;
     attn::AttentionProblem problem{.batch = c.batch,
                                    .heads = c.heads / ws,
                                    .kv_heads = c.kv() / ws,

@@ -76,6 +76,9 @@ TEST(PartModel, TracksTheEmulatedParts) {
       {1, false, Strategy::serial, 1, Recompute::none},
       {4, true, Strategy::serial, 1, Recompute::none, 2},
       {2, true, Strategy::serial, 1, Recompute::selective, 4, "ulysses_cp_algo"},
+      // 2 KV heads per TP rank over cp 4: MindSpeed repeats them to the query heads, and K and
+      // V travel at the query heads' width.
+      {4, true, Strategy::serial, 1, Recompute::none, 4, "ulysses_cp_algo"},
       {8, true, Strategy::serial, 1, Recompute::none, 1, "megatron_cp_algo", 2, 2},
   };
   double worst_layer = 0, worst_other = 0;

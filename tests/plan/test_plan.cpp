@@ -11,6 +11,7 @@
 #include <set>
 
 #include "cocemu/bench/plan/plan.h"
+#include "cocemu/bench/train/train_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
 #include "testing.h"
@@ -106,6 +107,43 @@ TEST(Plan, ExhaustiveFindsTheTrueOptimum) {
   for (std::size_t i = 1; i < res.top.size(); ++i)
     EXPECT_LE(res.top[i - 1].report.iteration_ns, res.top[i].report.iteration_ns);
   EXPECT_FALSE(res.explanation.empty());
+}
+
+// The search keeps what fits and what MindSpeed allows. LLaMA2-70B on 8 × 8 910B at 16K: the
+// interleaved tp8 cp2 pp4 vpp4 layout with the distributed optimizer needs about 53 GB once the
+// optimizer state is sharded over dp × cp (Megatron's intra_dp_cp_group) and the last stage
+// holds one micro-batch of logits; Ulysses with one KV head per TP rank over cp 2 repeats the KV
+// heads (MindSpeed needs only heads % (tp·cp)).
+TEST(Plan, KeepsLayoutsThatFitAndUlyssesWithRepeatedKvHeads) {
+  PlanQuery r;
+  r.model = load_decoder("llama2-70b");
+  r.model.seq = 16384;
+  r.model_name = "llama2-70b";
+  r.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+  r.profile_name = "ascend-910b";
+  r.nodes = 8;
+  r.global_batch = 32;
+  TrainLayout l;
+  l.tp = 8;
+  l.cp = 2;
+  l.dp = 1;
+  l.pp = 4;
+  l.vpp = 4;
+  l.schedule = PipelineSchedule::interleaved;
+  l.micro_batch_size = 1;
+  l.global_batch_size = 32;
+  l.distributed_optimizer = true;
+  l.overlap_param_gather = true;
+  EXPECT_EQ(prune_reason(r, l), "");
+  const MemoryEstimate mem = estimate_memory(r.model, l, *r.profile);
+  EXPECT_GT(mem.peak_bytes, 50e9) << mem.verdict;
+  EXPECT_LT(mem.peak_bytes, 56e9) << mem.verdict;
+  TrainLayout ulysses = l;
+  ulysses.cp_algo = "ulysses_cp_algo";
+  EXPECT_EQ(prune_reason(r, ulysses), "");
+  EXPECT_GT(evaluate_candidate(r, ulysses).report.iteration_ns, 0);
+  ulysses.cp = 16;  // 8 heads per TP rank over cp 16: 64 % (8 · 16) != 0, MindSpeed refuses
+  EXPECT_NE(prune_reason(r, ulysses).find("ulysses"), std::string::npos);
 }
 
 // Megatron sets the virtual size through layers per virtual stage, so any divisor is a layout

@@ -274,6 +274,9 @@ Result train_reference(const TrainOptions& o) {
   m2 = zeros_like(w);
   Result out;
   const double tokens = double(l.global_batch_size * md.seq);
+  // The gradient of the mean loss; with micro_batch_interleave_num copies, MindSpore's
+  // MicroBatchInterleaved sums the copies' losses: the gradient is that many means.
+  const double grad_scale = double(l.micro_batch_interleave) / tokens;
   for (int it = 0; it < o.iterations; ++it) {
     Weights g = zeros_like(w);
     double loss = 0;
@@ -300,7 +303,7 @@ Result train_reference(const TrainOptions& o) {
         const std::int64_t label = b.labels[std::size_t(i)];
         loss += std::log(z) + mx - logits(i, label);
         for (std::int64_t j = 0; j < vocab; ++j)
-          dlogits(i, j) = (std::exp(logits(i, j) - mx) / z - (j == label ? 1.0 : 0.0)) / tokens;
+          dlogits(i, j) = (std::exp(logits(i, j) - mx) / z - (j == label ? 1.0 : 0.0)) * grad_scale;
       }
       Mat dnf(sh.s, sh.h);
       mul_t_backward(nf.y, w.head, dlogits, &dnf, g.head);
@@ -313,6 +316,17 @@ Result train_reference(const TrainOptions& o) {
           g.emb(b.tokens[std::size_t(i)], j) += dy(i, j);
     }
     out.loss.push_back(loss / tokens);
+    double norm2 = 0;
+    auto add_norm = [&](const Mat& gt) {
+      for (const double v : gt.v)
+        norm2 += v * v;
+    };
+    add_norm(g.emb);
+    add_norm(g.head);
+    for (std::size_t i = 0; i < g.qkv.size(); ++i)
+      for (const Mat* gt : {&g.qkv[i], &g.out[i], &g.up[i], &g.down[i]})
+        add_norm(*gt);
+    out.grad_norm.push_back(std::sqrt(norm2));
     const auto& a = o.adam;
     const double c1 = 1 - std::pow(a.beta1, it + 1), c2 = 1 - std::pow(a.beta2, it + 1);
     auto adam = [&](Mat& wt, Mat& gt, Mat& mt, Mat& vt) {

@@ -12,6 +12,8 @@ namespace cocemu::layers::train::reference {
 
 struct Result {
   std::vector<double> loss;  ///< per iteration, mean over the global batch's tokens
+  /// Per iteration, the norm of the gradient Adam steps with (copies × the mean's, multi-copy).
+  std::vector<double> grad_norm;
   /// The updated weights cut into the shards the emulated step reports for `tp`
   /// ("layer0.attn.qkv tp1" …), f64.
   std::map<std::string, Tensor> shards;

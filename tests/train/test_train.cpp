@@ -103,6 +103,11 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
     o.layout.schedule = PipelineSchedule::one_f_one_b;
   });
   add("pp2 gpipe", [](TrainOptions& o) { o.layout.pp = 2; });
+  add("pp2 1f1b, uneven stages", [](TrainOptions& o) {
+    o.layout.pp = 2;
+    o.layout.schedule = PipelineSchedule::one_f_one_b;
+    o.layout.stage_layers = {1, 3};
+  });
   add("pp2 interleaved vpp2", [](TrainOptions& o) {
     o.layout.pp = 2;
     o.layout.vpp = 2;
@@ -230,6 +235,52 @@ TEST(TrainTruth, BitwiseIdenticalAcrossLayouts) {
 }  // namespace
 }  // namespace cocemu::layers::train
 
+namespace cocemu::layers::train {
+namespace {
+
+// grad_reduce_in_fp32 false (2021 Megatron's fp16 runs): each bucket is reduced in the 16-bit
+// dtype. The first loss is before any update and stays; the reduced gradients are rounded, so
+// the gradient norm moves by about bf16's precision and the weights after the update move; and
+// the result is still the same bits whatever the pipeline layout, sharding or schedule seed.
+TEST(TrainTruth, SixteenBitGradientReductionRoundsTheSameWayInEveryLayout) {
+  TrainOptions wide = options(1, 2, 1);
+  wide.layout.dtype = DType::bf16;
+  wide.iterations = 2;
+  TrainOptions narrow = wide;
+  narrow.layout.grad_reduce_in_fp32 = false;
+  const TrainResult a = train(wide, {}), b = train(narrow, {});
+  ASSERT_EQ(a.loss.size(), 2u);
+  EXPECT_EQ(a.loss[0], b.loss[0]);
+  EXPECT_NE(a.grad_norm[0], b.grad_norm[0]);
+  EXPECT_NEAR(b.grad_norm[0] / a.grad_norm[0], 1.0, 1.0 / 128);
+  int differing = 0;
+  for (const auto& [name, w] : a.weights)
+    differing += !w.bitwise_equal(b.weights.at(name));
+  EXPECT_GT(differing, 0);
+  for (auto edit : std::vector<std::function<void(TrainOptions&)>>{
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.schedule = PipelineSchedule::one_f_one_b;
+           },
+           [](TrainOptions& o) { o.layout.distributed_optimizer = true; },
+           [](TrainOptions& o) {
+             o.layout.pp = 2;
+             o.layout.vpp = 2;
+             o.layout.schedule = PipelineSchedule::interleaved;
+             o.layout.bucket_params = 3;
+           }}) {
+    TrainOptions o = narrow;
+    edit(o);
+    expect_same_training(b, train(o, {}), "16-bit reduction, " + o.layout.describe());
+  }
+  WorldOptions seeded;
+  seeded.schedule_seed = 777;
+  expect_same_training(b, train(narrow, seeded), "16-bit reduction, schedule seed");
+}
+
+}  // namespace
+}  // namespace cocemu::layers::train
+
 #include "reference_model.h"
 
 namespace cocemu::layers::train {
@@ -253,14 +304,21 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     bool dist_opt;
     std::string cp_algo = "megatron_cp_algo";
     int copies = 1;
+    std::int64_t heads = 4;
   };
   for (const L& c :
        {L{1, 1, 1, 1, false}, L{2, 2, 1, 1, false}, L{4, 1, 2, 1, true}, L{2, 2, 2, 1, true},
         L{1, 4, 2, 1, false}, L{1, 1, 1, 2, false}, L{2, 1, 2, 2, true},
-        L{1, 2, 1, 2, false, "ulysses_cp_algo"}, L{1, 1, 1, 4, false, "hybrid_cp_algo"}}) {
-    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {} copies {}", c.tp, c.cp, c.dp, c.pp, c.cp_algo,
-                             c.copies));
+        L{1, 2, 1, 2, false, "ulysses_cp_algo"}, L{1, 1, 1, 4, false, "hybrid_cp_algo"},
+        // Multi-copy: the copies' losses add up (MindSpore's MicroBatchInterleaved).
+        L{2, 2, 1, 1, false, "megatron_cp_algo", 2}, L{1, 1, 2, 1, true, "megatron_cp_algo", 2},
+        // MindSpeed's head rules on the model's heads: 8 % (tp 2 × cp 4) and 4 % (Ulysses 2 ×
+        // tp 2); one KV head per TP rank is repeated over the Ulysses group.
+        L{2, 1, 1, 4, false, "ulysses_cp_algo", 1, 8}, L{2, 1, 1, 4, false, "hybrid_cp_algo"}}) {
+    SCOPED_TRACE(fmt::format("tp{} cp{} dp{} pp{} {} copies {} heads {}", c.tp, c.cp, c.dp, c.pp,
+                             c.cp_algo, c.copies, c.heads));
     TrainOptions o = options(c.tp, c.dp, c.pp);
+    o.model.heads = c.heads;
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
     if (c.cp_algo == "hybrid_cp_algo") o.layout.ulysses_degree_in_cp = 2;
@@ -277,6 +335,11 @@ TEST(TrainTruth, F64MatchesThePlainSingleRankReference) {
     ASSERT_EQ(got.loss.size(), want.loss.size());
     for (std::size_t i = 0; i < want.loss.size(); ++i)
       EXPECT_LE(std::abs(got.loss[i] - want.loss[i]), 1e-12 * std::abs(want.loss[i]));
+    ASSERT_EQ(got.grad_norm.size(), want.grad_norm.size());
+    for (std::size_t i = 0; i < want.grad_norm.size(); ++i)
+      EXPECT_LE(std::abs(got.grad_norm[i] - want.grad_norm[i]), 1e-12 * want.grad_norm[i])
+          << "grad norm of iteration " << i << ": " << got.grad_norm[i] << " vs "
+          << want.grad_norm[i];
     ASSERT_EQ(got.weights.size(), want.shards.size());
     for (const auto& [name, w] : want.shards)
       EXPECT_LE(rel_diff(got.weights.at(name), w), 1e-12) << name;

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "cocemu/bench/train/step_model.h"
 #include "cocemu/bench/train/train_config.h"
 #include "cocemu/layers/train/layout.h"
+#include "cocemu/layers/train/trainer.h"
 #include "testing.h"
 
 namespace cocemu::layers::train {
@@ -109,6 +111,31 @@ TEST(TrainLayoutRules, EachRuleIsAClearError) {
     const auto warn = check_layout(v, layout(2, 2, 2), 8);
     ASSERT_FALSE(warn.warnings.empty());
     EXPECT_NE(warn.warnings[0].find("vocab_size 1001"), std::string::npos);
+  }
+  {
+    // MindSpeed's context-parallel attention is flash attention: unfused attention with cp > 1
+    // is refused, not priced as something else.
+    TrainOptions o;
+    o.model = m;
+    o.model.flash_attention = false;
+    o.layout = layout(1, 1, 1);
+    o.layout.cp = 2;
+    o.layout.global_batch_size = 2;
+    WorldOptions dry;
+    dry.numerics = false;
+    testing::expect_error([&] { train(o, dry); }, Errc::invalid_argument,
+                          {"context parallel 2 with unfused core attention"});
+  }
+  {
+    // Sequence parallelism splits [s, b, h] along s only (Megatron's _split_along_first_dim
+    // asserts s % tp == 0): seq 34 over tp 4 fails even though 34 × micro-batch 2 divides.
+    DecoderShape s34 = m;
+    s34.seq = 34;
+    expect_rule(s34, layout(4, 1, 1), 4,
+                {"seq_length / context_parallel = 34 / 1 = 34", "model_parallel 4"});
+    TrainLayout no_sp = layout(4, 1, 1);
+    no_sp.sequence_parallel = false;
+    EXPECT_NO_THROW(check_layout(s34, no_sp, 4));
   }
 }
 
@@ -322,6 +349,37 @@ TEST(TrainCli, BadLayoutsAreClearErrors) {
   }
 }
 
+// MindSpeed's _validate_cp_args divides the model's heads by tp·cp (Ulysses) or by the Ulysses
+// degree × tp (hybrid) once: LLaMA2-7B's 32 heads take tp4 cp4 Ulysses and tp8 cp4 hybrid with
+// Ulysses degree 2; tp4 cp16 (32 % 64) is refused with the model's head count.
+TEST(TrainCli, UlyssesAndHybridDivideTheModelsHeadsOnce) {
+  const std::string dir = " --out-dir " + ::testing::TempDir() + "/cocemu_train_cp";
+  int status = 0;
+  std::string out = cocemu(
+      "--dry-run --engine model --model llama2-7b --nodes 2 --tensor-model-parallel-size 4 "
+      "--context-parallel-size 4 --context-parallel-algo ulysses_cp_algo --global-batch-size 8" +
+          dir,
+      &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("tp4 cp4 dp1 pp1 mbs1 gbs8 1f1b sp ulysses"), std::string::npos) << out;
+  out = cocemu(
+      "--dry-run --engine model --model llama2-7b --nodes 4 --tensor-model-parallel-size 8 "
+      "--context-parallel-size 4 --context-parallel-algo hybrid_cp_algo --ulysses-degree-in-cp 2 "
+      "--global-batch-size 8" +
+          dir,
+      &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("hybrid-u2"), std::string::npos) << out;
+  out = cocemu(
+      "--dry-run --engine model --model llama2-7b --nodes 8 --tensor-model-parallel-size 4 "
+      "--context-parallel-size 16 --context-parallel-algo ulysses_cp_algo --global-batch-size 8" +
+          dir,
+      &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("num_attention_heads 32 must be divisible"), std::string::npos) << out;
+  EXPECT_NE(out.find("4 × 16"), std::string::npos) << out;
+}
+
 // --compare-coc runs every strategy and reports its gain over serial.
 TEST(TrainCli, CompareCocReportsEachStrategy) {
   const std::string dir = ::testing::TempDir() + "/cocemu_train_cmp";
@@ -365,6 +423,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     bool deterministic = true;
     bool overlap_param_gather = false;
     bool sequence_parallel = true, scatter_gather = false;
+    int fusion_groups = 0;
+    bool fp32_reduce = true;
+    std::vector<std::int64_t> stage_layers = {};
+    bool flash = true;
   };
   using layers::train::PipelineSchedule;
   using layers::train::Recompute;
@@ -386,7 +448,45 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
                        "megatron_cp_algo", true, true},
                      // 2021-2022 Megatron's pipeline tensors: TP slices, all-gathered.
                      C{4, 1, 2, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 1,
-                       "megatron_cp_algo", true, false, false, true}}) {
+                       "megatron_cp_algo", true, false, false, true},
+                     // MindFormers' fusion groups (4 over 8 layers), gradients reduced in bf16.
+                     C{2, 4, 1, 1, PipelineSchedule::one_f_one_b, Recompute::none, false, 1,
+                       "megatron_cp_algo", true, false, true, false, 4, false},
+                     // Uneven stages.
+                     C{2,
+                       2,
+                       2,
+                       1,
+                       PipelineSchedule::one_f_one_b,
+                       Recompute::none,
+                       true,
+                       1,
+                       "megatron_cp_algo",
+                       true,
+                       false,
+                       true,
+                       false,
+                       0,
+                       true,
+                       {3, 5}},
+                     // Megatron's unfused core attention (runs before FlashAttention).
+                     C{2,
+                       2,
+                       2,
+                       1,
+                       PipelineSchedule::one_f_one_b,
+                       Recompute::none,
+                       false,
+                       1,
+                       "megatron_cp_algo",
+                       true,
+                       false,
+                       false,
+                       false,
+                       0,
+                       true,
+                       {},
+                       false}}) {
     TrainSetup s;
     s.dry_run = true;
     s.deterministic = c.deterministic;
@@ -404,6 +504,10 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     o.layout.overlap_param_gather = c.overlap_param_gather;
     o.layout.sequence_parallel = c.sequence_parallel;
     o.layout.scatter_gather_tensors_in_pipeline = c.scatter_gather;
+    o.layout.gradient_aggregation_group = c.fusion_groups;
+    o.layout.grad_reduce_in_fp32 = c.fp32_reduce;
+    o.layout.stage_layers = c.stage_layers;
+    o.model.flash_attention = c.flash;
     o.layout.cp = c.cp;
     o.layout.cp_algo = c.cp_algo;
     o.layout.micro_batch_size = 1;
@@ -416,6 +520,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     const auto emulated = report_from_run(s, layers::train::train(o, w));
     const auto modeled = model_step(s);
     const double ratio = double(modeled.iteration_ns) / double(emulated.iteration_ns);
+    std::printf("%-70s step model / emulated %.3f\n", o.layout.describe().c_str(), ratio);
     EXPECT_NEAR(ratio, 1.0, 0.10) << o.layout.describe() << ": step model " << modeled.iteration_ns
                                   << " ns, emulated " << emulated.iteration_ns << " ns";
     EXPECT_NEAR(modeled.bubble_fraction, emulated.bubble_fraction, 0.06) << o.layout.describe();
@@ -427,6 +532,110 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
       s.deterministic = true;
       EXPECT_GT(model_step(s).exposed_comm_ns.at("DP"), 1.5 * modeled.exposed_comm_ns.at("DP"))
           << o.layout.describe();
+    }
+  }
+}
+
+// The layout a report names is the whole layout: multi-copy and the CP algorithm are in the
+// string and have JSON keys of their own.
+TEST(TrainReport, LayoutNamesMultiCopyAndTheCpAlgorithm) {
+  TrainSetup s;
+  s.dry_run = true;
+  s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+  auto& l = s.options.layout;
+  l.tp = 2;
+  l.micro_batch_size = 2;
+  l.global_batch_size = 4;
+  l.micro_batch_interleave = 2;
+  const TrainReport copies = model_step(s);
+  EXPECT_NE(copies.layout.find(" 2-copy"), std::string::npos) << copies.layout;
+  nlohmann::json j = to_json(copies);
+  EXPECT_EQ(j.at("micro_batch_interleave_num"), 2);
+  EXPECT_FALSE(j.contains("context_parallel_algo"));
+  l.micro_batch_interleave = 1;
+  EXPECT_EQ(model_step(s).layout.find("copy"), std::string::npos);
+  l.cp = 2;
+  l.cp_algo = "ulysses_cp_algo";
+  const TrainReport ulysses = model_step(s);
+  EXPECT_NE(ulysses.layout.find(" ulysses"), std::string::npos) << ulysses.layout;
+  j = to_json(ulysses);
+  EXPECT_EQ(j.at("context_parallel_algo"), "ulysses_cp_algo");
+  EXPECT_EQ(j.at("micro_batch_interleave_num"), 1);
+  l.cp_algo = "megatron_cp_algo";
+  EXPECT_NE(l.describe().find(" ring"), std::string::npos) << l.describe();
+  l.cp = 4;
+  l.cp_algo = "hybrid_cp_algo";
+  l.ulysses_degree_in_cp = 2;
+  EXPECT_NE(l.describe().find(" hybrid-u2"), std::string::npos) << l.describe();
+}
+
+// MFU's numerator counts the LM head over Megatron's padded vocabulary (num_floating_point_
+// operations uses padded_vocab_size): GPT-3's 50257 tokens are 51200 at tp 8.
+TEST(TrainReport, ModelFlopsUseThePaddedVocabulary) {
+  layers::train::DecoderShape m;
+  m.hidden = 12288;
+  m.heads = 96;
+  m.ffn = 4 * 12288;
+  m.swiglu = false;
+  m.num_layers = 96;
+  m.seq = 2048;
+  m.vocab = 50257;
+  layers::train::TrainLayout l;
+  l.tp = 8;
+  l.global_batch_size = 1536;
+  // Narayanan et al. (2021), eq. 3: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) with V = 51200.
+  const double B = 1536, s = 2048, L = 96, h = 12288, V = 51200;
+  const double want = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+  EXPECT_NEAR(model_flops_per_iteration(m, l) / want, 1.0, 1e-12);
+}
+
+// Megatron's 1F1B blocks on each p2p call: a stage waits until its peer has posted the matching
+// receive and the tensor has crossed, sends included. Across two nodes (tp 8 fills a node) with
+// whole 32 MiB activations, the step model pays those transfers as the emulated step does;
+// interleaved without overlap_p2p_comm (2021-2022 Megatron) blocks on its batched calls too.
+TEST(StepModel, PaysBlockingPipelineTransfersAsTheEmulatorDoes) {
+  for (const bool interleaved : {false, true}) {
+    TrainSetup s;
+    s.dry_run = true;
+    s.nodes = interleaved ? 4 : 2;
+    s.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
+    auto& o = s.options;
+    o.model.name = "llama2-7b, 8 layers";
+    o.model.hidden = 4096;
+    o.model.heads = 32;
+    o.model.ffn = 11008;
+    o.model.num_layers = 8;
+    o.model.vocab = 32000;
+    o.model.seq = 4096;
+    auto& l = o.layout;
+    l.tp = 8;
+    l.pp = interleaved ? 4 : 2;
+    l.sequence_parallel = false;
+    l.micro_batch_size = 1;
+    l.global_batch_size = 8;
+    if (interleaved) {
+      l.vpp = 2;
+      l.schedule = layers::train::PipelineSchedule::interleaved;
+      l.overlap_p2p_comm = false;
+    }
+    o.iterations = 2;
+    WorldOptions w;
+    w.profile = s.profile;
+    w.numerics = false;
+    const auto emulated = report_from_run(s, layers::train::train(o, w));
+    const auto modeled = model_step(s);
+    EXPECT_NEAR(double(modeled.iteration_ns) / double(emulated.iteration_ns), 1.0,
+                interleaved ? 0.015 : 0.006)
+        << l.describe() << ": step model " << modeled.iteration_ns << " ns, emulated "
+        << emulated.iteration_ns << " ns";
+    EXPECT_NEAR(modeled.exposed_comm_ns.at("PP"), emulated.exposed_comm_ns.at("PP"),
+                0.1 * emulated.exposed_comm_ns.at("PP"))
+        << l.describe();
+    EXPECT_GT(modeled.exposed_comm_ns.at("PP"), 0.005 * double(modeled.iteration_ns));
+    if (interleaved) {
+      // The same layout with overlapped p2p (current Megatron's default) is faster.
+      l.overlap_p2p_comm = true;
+      EXPECT_LT(model_step(s).iteration_ns, modeled.iteration_ns);
     }
   }
 }
@@ -469,8 +678,8 @@ TEST(StepModel, ScatterGatherSendsSlicesAcrossNodes) {
 }
 
 // 2021 Megatron's fp16 runs reduced their gradients in fp16 (no --accumulate-allreduce-grads-in-
-// fp32): the step model then moves half the bytes per reduction and keeps 16-bit gradients; the
-// emulated ranks keep f32 gradients, so train() refuses the setting instead of ignoring it.
+// fp32): the step model then moves half the bytes per reduction and keeps 16-bit gradients, and
+// the emulated ranks reduce each bucket in bf16 (half the bytes, the same buckets).
 TEST(StepModel, SixteenBitGradientReductionMovesHalfTheBytes) {
   TrainSetup s;
   s.dry_run = true;
@@ -504,11 +713,24 @@ TEST(StepModel, SixteenBitGradientReductionMovesHalfTheBytes) {
   EXPECT_LT(narrow.iteration_ns, wide.iteration_ns);
   EXPECT_GT(grads(wide), 0);
   EXPECT_DOUBLE_EQ(grads(narrow), grads(wide) / 2);
+  o.model.num_layers = 2;  // a short emulated run: count the reductions' bytes
+  o.iterations = 1;
   WorldOptions w;
   w.profile = s.profile;
   w.numerics = false;
-  testing::expect_error([&] { layers::train::train(o, w); }, Errc::invalid_argument,
-                        {"grad_reduce_in_fp32 false", "step model only", "bf16"});
+  auto reduced_bytes = [&] {
+    const auto r = layers::train::train(o, w);
+    std::uint64_t bytes = 0;
+    for (const auto& op : r.run.graph.ranks[0].ops)
+      if (op.cls == OpClass::comm && op.name.find("grad bucket") != std::string::npos)
+        bytes += op.bytes;
+    return bytes;
+  };
+  const std::uint64_t half = reduced_bytes();
+  o.layout.grad_reduce_in_fp32 = true;
+  const std::uint64_t full = reduced_bytes();
+  EXPECT_GT(full, 0u);
+  EXPECT_EQ(2 * half, full);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // meaning, and settings that would be accepted and then ignored refused by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +13,7 @@
 
 #include "cocemu/bench/train/train_config.h"
 #include "cocemu/bench/validate.h"
+#include "cocemu/layers/train/buckets.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
 #include "testing.h"
@@ -135,8 +137,9 @@ train:
   EXPECT_TRUE(l.gradients_mean) << "semi-auto, gradients_mean False: averaged gradients";
   EXPECT_TRUE(l.distributed_optimizer);
   EXPECT_EQ(l.recompute, layers::train::Recompute::selective);
-  // One fusion group with pipeline stages: every gradient in one bucket.
-  EXPECT_EQ(l.bucket_params, std::numeric_limits<int>::max());
+  // MindFormers' fusion groups reach the layout as its own field (grouped in buckets.cpp).
+  EXPECT_EQ(l.gradient_aggregation_group, 4);
+  EXPECT_EQ(l.bucket_params, 0);
 
   // The model's shapes must agree with the model cocemu runs.
   std::string wrong = yaml;
@@ -217,17 +220,33 @@ TEST(TrainConfig, GradientAggregationGroupCountsFusionGroups) {
 train:
   model: llama2-7b
 )");
-  EXPECT_EQ(pp1.options.layout.bucket_params, 4 * (33 / 4)) << "8 layers of 4 weights per group";
+  EXPECT_EQ(pp1.options.layout.gradient_aggregation_group, 4);
+  // pp = 1: layer i in group i / max((L + 1) / G, 1) = i / 8; the embedding with layer 0.
+  std::vector<layers::train::GradParam> params;
+  for (std::int64_t layer = 31; layer >= -1; --layer)
+    params.push_back({0, layer, 1});
+  const auto groups =
+      layers::train::assign_buckets(pp1.options.model, pp1.options.layout, 0, params);
+  EXPECT_EQ(groups.front(), 0) << "layer 31 is the first the backward finalizes";
+  EXPECT_EQ(groups[31 - 24], 0);
+  EXPECT_EQ(groups[31 - 23], 1);
+  EXPECT_EQ(groups.back(), 3) << "the embedding groups with layer 0";
+  EXPECT_EQ(*std::max_element(groups.begin(), groups.end()), 3);
   TrainSettings f;
   f.model.set("llama2-7b", "--model");
   f.tp.set(8, "--tensor-model-parallel-size");
   f.aggregation_groups.set(4, "--gradient-aggregation-group");
-  EXPECT_EQ(resolve_settings(f, true).options.layout.bucket_params,
-            pp1.options.layout.bucket_params);
+  EXPECT_EQ(resolve_settings(f, true).options.layout.gradient_aggregation_group, 4);
+  // pp > 1: the layers in one group, the embedding and LM head in another.
   f.tp.set(4, "--tensor-model-parallel-size");
   f.pp.set(2, "--pipeline-model-parallel-size");
-  EXPECT_EQ(resolve_settings(f, true).options.layout.bucket_params,
-            std::numeric_limits<int>::max());
+  const TrainSetup pp2 = resolve_settings(f, true);
+  const auto staged =
+      layers::train::assign_buckets(pp2.options.model, pp2.options.layout, 0, params);
+  EXPECT_EQ(*std::max_element(staged.begin(), staged.end()), 1);
+  EXPECT_EQ(staged.front(), 0);
+  EXPECT_EQ(staged[30], 0);
+  EXPECT_EQ(staged.back(), 1);
   f.bucket_mb.set(40, "--bucket-mb");
   expect_error([&] { (void)resolve_settings(f, true); }, Errc::invalid_argument,
                {"--gradient-aggregation-group", "--bucket-mb", "give one"});

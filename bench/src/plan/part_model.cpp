@@ -313,8 +313,8 @@ class Pricer {
   /// heads in proportion), `s_q` queries and `s_k` keys, priced as context_parallel.cpp prices it
   /// (flash_attention_ns).
   double cp_kernel_ns(double pairs, bool backward, std::int64_t heads, std::int64_t s_q,
-                      std::int64_t s_k) const {
-    const std::int64_t kv = heads * m_.kv() / m_.heads;
+                      std::int64_t s_k, bool kv_repeated = false) const {
+    const std::int64_t kv = kv_repeated ? heads : heads * m_.kv() / m_.heads;
     const double flops = (backward ? 10.0 : 4.0) * double(head_dim()) * pairs;
     const double bytes = double(e_) * double(heads * s_q + kv * s_k) * double(2 * head_dim());
     return flash_attention_ns(p_, flops, head_dim(), l_.dtype, bytes, pairs / double(heads * s_q),
@@ -329,26 +329,39 @@ class Pricer {
   /// step's kernel, send and receive serialised on one stream unless use_cp_send_recv_overlap.
   /// Ulysses: all_to_all of Q, K, V to head shards, attention over the whole sequence,
   /// all_to_all of the output back. Kernels: 4 FLOPs per visible pair and head dimension forward,
-  /// 10 backward; layout conversions to and from BNSD around them.
+  /// 10 backward; layout conversions to and from BNSD around them. When this TP rank's KV heads
+  /// do not divide over cp, Ulysses first repeats them to the query heads (MindSpeed's
+  /// repeat_interleave, context_parallel.cpp's repeat_kv): K and V travel at the query heads'
+  /// width, and the backward folds the repeated heads' gradients back.
   Span cp_attention(bool backward) const {
     const int cp = l_.cp;
     const std::int64_t s_l = m_.seq / cp, b = tokens_ / s_l, heads = m_.heads / ws_,
                        kvl = m_.kv() / ws_ * head_dim(), hl = heads * head_dim();
-    const double layout = mem(2.0 * double(tokens_ * (hl + 2 * kvl) * e_)) +
-                          mem(2.0 * double(tokens_ * hl * e_)) * (backward ? 3 : 1);
     if (l_.cp_algo == "ulysses_cp_algo") {
+      const bool repeated = (m_.kv() / ws_) % cp != 0;
+      const std::int64_t kvw = repeated ? hl : kvl;  // K and V as they travel
+      const double layout = mem(2.0 * double(tokens_ * (hl + 2 * kvw) * e_)) +
+                            mem(2.0 * double(tokens_ * hl * e_)) * (backward ? 3 : 1);
       auto a2a = [&](std::int64_t width) {
         const std::int64_t n = tokens_ * width;
         return model_collective(p_, CollOp::all_to_all, cp_members_, n / cp, l_.dtype,
                                 std::uint64_t(n * e_), Algorithm::automatic, s_.deterministic)
             .cost.total_ns;
       };
-      const double comm_ns = 2 * a2a(hl) + 2 * a2a(kvl);
+      const double comm_ns = 2 * a2a(hl) + 2 * a2a(kvw);
+      // repeat_kv reads K (V) and writes it at the query heads' width; fold_kv reads and writes
+      // the repeated gradient.
+      const double repeat = !repeated  ? 0
+                            : backward ? 2 * mem(2.0 * double(tokens_ * hl * e_))
+                                       : 2 * mem(double(tokens_ * (kvl + hl) * e_));
       const double pairs = double(b * heads / cp) * double(m_.seq) * double(m_.seq + 1) / 2;
       Span s = comm(comm_ns);
-      s += compute(cp_kernel_ns(pairs, backward, b * heads / cp, m_.seq, m_.seq) + layout);
+      s += compute(cp_kernel_ns(pairs, backward, b * heads / cp, m_.seq, m_.seq, repeated) +
+                   layout + repeat);
       return s;
     }
+    const double layout = mem(2.0 * double(tokens_ * (hl + 2 * kvl) * e_)) +
+                          mem(2.0 * double(tokens_ * hl * e_)) * (backward ? 3 : 1);
     COCEMU_CHECK_ARG(l_.cp_algo == "megatron_cp_algo" && l_.cp_window_size <= 1,
                      "the step's part model prices ring (megatron_cp_algo without a window) and "
                      "Ulysses context parallelism; {} (window {}) needs the emulated parts",

@@ -47,15 +47,7 @@ SearchMode parse_search_mode(const std::string& name) {
 }
 
 std::string PlanCandidate::describe() const {
-  std::string s = layout.describe();
-  if (layout.cp > 1) s += layout.cp_algo == "ulysses_cp_algo" ? " ulysses" : " ring";
-  if (!layout.stage_layers.empty()) {
-    s += " layers";
-    for (std::size_t i = 0; i < layout.stage_layers.size(); ++i)
-      s += fmt::format("{}{}", i ? "/" : " ", layout.stage_layers[i]);
-  }
-  if (layout.micro_batch_interleave > 1) s += " 2-copy";
-  return s;
+  return layout.describe();  // the CP algorithm, the layer split and multi-copy included
 }
 
 layers::CocConfig plan_coc_config() {
@@ -258,8 +250,9 @@ std::string prune_reason(const PlanQuery& r, const TrainLayout& l, StepMemo* mem
     if (!m.flash_attention)
       return "cp: context-parallel attention is flash attention; the model's is unfused";
     if (m.seq % (2 * l.cp)) return "cp: sequence not divisible into 2·cp chunks";
-    if (l.cp_algo == "ulysses_cp_algo" && ((m.heads / l.tp) % l.cp || (m.kv() / l.tp) % l.cp))
-      return "ulysses: heads (or KV heads) per TP rank not divisible by cp";
+    // MindSpeed's _validate_cp_args: heads % (tp·cp); KV heads that do not divide are repeated.
+    if (l.cp_algo == "ulysses_cp_algo" && (m.heads / l.tp) % l.cp)
+      return "ulysses: heads per TP rank not divisible by cp";
   }
   if (l.stage_layers.empty() && m.num_layers % (std::int64_t(l.pp) * l.vpp))
     return "layers not divisible by pp·vpp (even split)";
@@ -268,8 +261,8 @@ std::string prune_reason(const PlanQuery& r, const TrainLayout& l, StepMemo* mem
     return "interleaved: micro-batches not divisible by pp";
   if (l.micro_batch_interleave == 2 && (l.micro_batch_size % 2 || l.cp > 1))
     return "multi-copy: needs an even micro-batch and cp 1";
-  const std::int64_t tokens = m.seq / l.cp * (l.micro_batch_size / l.micro_batch_interleave);
-  if (l.sequence_parallel && tokens % l.tp) return "sp: tokens per micro-batch not divisible by tp";
+  if (l.sequence_parallel && (m.seq / l.cp) % l.tp)
+    return "sp: sequence per cp rank not divisible by tp";
   try {
     (void)layers::train::check_layout(m, l, l.world());
   } catch (const Error&) {

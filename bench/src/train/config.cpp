@@ -88,6 +88,7 @@ TrainSettings merge_settings(const TrainSettings& f, const TrainSettings& y) {
   take(s.gradients_mean, f.gradients_mean, y.gradients_mean);
   take(s.deterministic, f.deterministic, y.deterministic);
   take(s.overlap_grad_reduce, f.overlap_grad_reduce, y.overlap_grad_reduce);
+  take(s.overlap_p2p_comm, f.overlap_p2p_comm, y.overlap_p2p_comm);
   take(s.overlap_param_gather, f.overlap_param_gather, y.overlap_param_gather);
   take(s.grad_reduce_in_fp32, f.grad_reduce_in_fp32, y.grad_reduce_in_fp32);
   take(s.cross_entropy_loss_fusion, f.cross_entropy_loss_fusion, y.cross_entropy_loss_fusion);
@@ -307,6 +308,7 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
   }
   l.distributed_optimizer = s.distributed_optimizer.value.value_or(false);
   l.overlap_grad_reduce = s.overlap_grad_reduce.value.value_or(true);
+  l.overlap_p2p_comm = s.overlap_p2p_comm.value.value_or(true);
   l.overlap_param_gather = s.overlap_param_gather.value.value_or(false);
   l.grad_reduce_in_fp32 = s.grad_reduce_in_fp32.value.value_or(true);
   l.cross_entropy_fusion = s.cross_entropy_loss_fusion.value.value_or(false);
@@ -317,12 +319,9 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                      "{} and {} both size the gradient buckets; give one (MindFormers' fusion "
                      "groups or Megatron's bucket size)",
                      s.aggregation_groups.where, s.bucket_mb.where);
-    // MindFormers' LayerSetting: with pipeline stages every layer is in one fusion group; else
-    // layer i in group (i / max((L + 1) / G, 1)). A layer holds four weight matrices.
-    const std::int64_t per_group =
-        std::max<std::int64_t>((o.model.num_layers + 1) / *s.aggregation_groups.value, 1);
-    l.bucket_params = l.pp > 1 ? std::numeric_limits<int>::max()
-                               : int(std::min<std::int64_t>(4 * per_group, kMax));
+    // MindFormers' LayerSetting (layers/src/train/buckets.cpp): G fusion groups over the layers,
+    // one group when there are pipeline stages.
+    l.gradient_aggregation_group = int(*s.aggregation_groups.value);
   }
   if (s.bucket_mb.value) l.bucket_mb = *s.bucket_mb.value;
   l.dtype = parse_train_dtype(s.dtype);

@@ -165,6 +165,7 @@ void read_layout_fields(YamlReader& t, TrainSettings& s) {
        [&] { return t.boolean("distributed_optimizer"); });
   read(t, "overlap_grad_reduce", s.overlap_grad_reduce,
        [&] { return t.boolean("overlap_grad_reduce"); });
+  read(t, "overlap_p2p_comm", s.overlap_p2p_comm, [&] { return t.boolean("overlap_p2p_comm"); });
   read(t, "overlap_param_gather", s.overlap_param_gather,
        [&] { return t.boolean("overlap_param_gather"); });
   read(t, "grad_reduce_in_fp32", s.grad_reduce_in_fp32,

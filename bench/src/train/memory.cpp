@@ -68,13 +68,20 @@ int peak_chunks_in_flight(const TrainLayout& l, int stage) {
       layers::train::pipeline_actions(l.schedule, l.pp, l.vpp, int(l.micro_batches()), stage));
 }
 
-int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions) {
+int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions, int chunk) {
   int now = 0, peak = 0;
   for (const auto& a : actions) {
+    if (chunk >= 0 && a.chunk != chunk) continue;
     now += a.forward ? 1 : -1;
     peak = std::max(peak, now);
   }
   return peak;
+}
+
+int peak_loss_in_flight(const TrainLayout& l) {
+  return peak_chunks_in_flight(
+      layers::train::pipeline_actions(l.schedule, l.pp, l.vpp, int(l.micro_batches()), l.pp - 1),
+      l.vpp - 1);
 }
 
 namespace {
@@ -118,8 +125,11 @@ double stage_parameters(const DecoderShape& m, const TrainLayout& l, int stage) 
 
 double model_flops_per_iteration(const DecoderShape& m, const TrainLayout& l) {
   const double s = double(m.seq), h = double(m.hidden);
-  const double per_sequence = double(m.num_layers) * (2 * s * layer_parameters(m) + 4 * s * s * h) +
-                              2 * s * h * double(m.vocab);
+  // The LM head over the padded vocabulary, as Megatron's num_floating_point_operations counts it
+  // (padded_vocab_size).
+  const double vocab = double(layers::train::padded_vocab(m.vocab, l.tp));
+  const double per_sequence =
+      double(m.num_layers) * (2 * s * layer_parameters(m) + 4 * s * s * h) + 2 * s * h * vocab;
   return 3 * per_sequence * double(l.global_batch_size);
 }
 
@@ -155,10 +165,18 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
     const double per_chunk = layers_on_stage(m, l, stage) / l.vpp;
     const int in_flight =
         memo ? memo->peak_chunks_in_flight(l, stage) : peak_chunks_in_flight(l, stage);
+    // Only the last stage's last chunk computes the loss: its logits are kept for the
+    // micro-batches of that chunk in flight (one in 1F1B and interleaved, every one in GPipe and
+    // when all are warm-up), not for every chunk's.
+    const int loss_in_flight = stage != l.pp - 1 ? 0
+                               : memo            ? memo->peak_loss_in_flight(l)
+                                                 : peak_loss_in_flight(l);
     add("parameters", params * e);
     add("gradients (main_grad)", params * (l.grad_reduce_in_fp32 ? wide : e));
-    add(l.distributed_optimizer ? "optimizer state (sharded over dp)" : "optimizer state",
-        params * 3 * wide / (l.distributed_optimizer ? l.dp : 1));
+    // Megatron builds the distributed optimizer on the data-parallel group with context
+    // parallelism (intra_dp_cp_group): its state is sharded over dp × cp.
+    add(l.distributed_optimizer ? "optimizer state (sharded over dp × cp)" : "optimizer state",
+        params * 3 * wide / (l.distributed_optimizer ? double(l.dp) * l.cp : 1.0));
     const double activations = double(in_flight) * per_chunk * per_layer;
     if (out)
       add(fmt::format("activations ({} micro-batch chunks in flight)", in_flight), activations);
@@ -168,7 +186,12 @@ MemoryEstimate estimate_memory(const DecoderShape& m, const TrainLayout& l,
     if (stage == l.pp - 1) {
       const double logits =
           tokens * double(layers::train::padded_vocab(m.vocab, l.tp)) / l.tp * (e + 4);
-      add("logits and cross-entropy (f32)", double(in_flight) * logits);
+      if (out)
+        add(fmt::format("logits and cross-entropy (f32, {} micro-batch{} in flight)",
+                        loss_in_flight, loss_in_flight == 1 ? "" : "es"),
+            double(loss_in_flight) * logits);
+      else
+        sum += double(loss_in_flight) * logits;
     }
     add("communication buffers (p2p, SP all-gather)",
         (l.pp > 1 ? 4 * e * tokens * double(m.hidden) / outside : 0) +

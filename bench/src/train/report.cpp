@@ -32,6 +32,8 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
   TrainReport rep;
   rep.model = o.model.name;
   rep.layout = l.describe();
+  rep.cp_algo = l.cp > 1 ? l.cp_algo : "";
+  rep.micro_batch_interleave = l.micro_batch_interleave;
   rep.profile = setup.profile ? setup.profile->name : run.profile->name;
   rep.source = "emulated";
   rep.dry_run = !run.numerics;
@@ -48,9 +50,8 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
     for (int rank = 0; rank < run.timeline.n_ranks(); ++rank) {
       const auto& firsts = r.iteration_first_op[std::size_t(rank)];
       const std::uint32_t lo = firsts[std::size_t(it)];
-      const std::uint32_t hi = it + 1 < int(firsts.size())
-                                   ? firsts[std::size_t(it) + 1]
-                                   : std::uint32_t(run.graph.ranks[std::size_t(rank)].ops.size());
+      const std::uint32_t hi =
+          it + 1 < int(firsts.size()) ? firsts[std::size_t(it) + 1] : r.end_op[std::size_t(rank)];
       for (std::uint32_t i = lo; i < hi; ++i)
         end = std::max(end, run.timeline.rank(rank)[i].end_ns);
     }
@@ -91,26 +92,54 @@ TrainReport report_from_run(const TrainSetup& setup, const layers::train::TrainR
   }
   rep.ideal_bubble_fraction =
       layers::train::ideal_bubble_fraction(l.pp, l.vpp, int(l.micro_batches()));
-  // Exposed communication by kind, mean over ranks, in the last iteration.
+  // Exposed communication by kind, mean over ranks, over one steady-state period of each rank:
+  // from the end of its compute in the iteration before the last (its optimizer step) to the end
+  // of its compute in the last. The parameter all-gathers that --overlap-param-gather launches
+  // after an update belong to the period of the forward they overlap, not to the update's (the
+  // last update's have no forward after them in the run).
   for (const char* k : {"TP", "CP", "DP", "PP"})
     rep.exposed_comm_ns[k] = 0;
+  auto is_compute = [](const OpRecord& op) {
+    return op.cls == OpClass::compute || op.cls == OpClass::fused;
+  };
   for (int rank = 0; rank < run.timeline.n_ranks(); ++rank) {
     const auto& g = run.graph.ranks[std::size_t(rank)];
+    const auto& times = run.timeline.rank(rank);
+    const auto& firsts = r.iteration_first_op[std::size_t(rank)];
+    // The end of this rank's last compute op in iteration `it` (0 before the first).
+    auto compute_end = [&](int it) {
+      std::int64_t end = 0;
+      if (it < 0) return end;
+      const std::uint32_t hi =
+          it + 1 < int(firsts.size()) ? firsts[std::size_t(it) + 1] : r.end_op[std::size_t(rank)];
+      for (std::uint32_t i = firsts[std::size_t(it)]; i < hi; ++i)
+        if (is_compute(g.ops[i])) end = std::max(end, times[i].end_ns);
+      return end;
+    };
+    const std::int64_t lo = compute_end(iters - 2), hi = compute_end(iters - 1);
     std::vector<Interval> compute;
     std::map<std::string, std::vector<Interval>> comm;
-    const std::uint32_t first = r.iteration_first_op[std::size_t(rank)].back();
-    for (std::uint32_t i = first; i < g.ops.size(); ++i) {
+    for (std::uint32_t i = 0; i < r.end_op[std::size_t(rank)]; ++i) {
       const auto& op = g.ops[i];
-      const auto& t = run.timeline.rank(rank)[i];
-      if (op.cls == OpClass::compute || op.cls == OpClass::fused)
-        compute.push_back({t.start_ns, t.end_ns});
+      const auto& t = times[i];
+      if (t.end_ns <= lo || t.start_ns >= hi) continue;
+      const Interval in{std::max(t.start_ns, lo), std::min(t.end_ns, hi)};
+      if (is_compute(op))
+        compute.push_back(in);
       else if (op.cls == OpClass::comm)
-        if (const char* k = comm_kind(g.lane_names[std::size_t(op.lane)]))
-          comm[k].push_back({std::max(t.start_ns, t0), t.end_ns});
+        if (const char* k = comm_kind(g.lane_names[std::size_t(op.lane)])) comm[k].push_back(in);
     }
-    const auto busy_compute = merged(compute);
-    for (auto& [k, v] : comm)
-      rep.exposed_comm_ns[k] += uncovered(merged(v), busy_compute) / rep.world;
+    // A kind's exposed time is its time that neither compute nor a more synchronous kind
+    // covers: the layer waits for its TP (and CP) collectives where it issues them, a stage for
+    // its pipeline transfers between passes, while DP reductions and gathers run in the
+    // background; where a DP op overlaps a TP transfer the step waits for the TP one.
+    std::vector<Interval> cover = compute;
+    for (const char* k : {"TP", "CP", "PP", "DP"}) {
+      const auto it = comm.find(k);
+      if (it == comm.end()) continue;
+      rep.exposed_comm_ns[k] += uncovered(merged(it->second), merged(cover)) / rep.world;
+      cover.insert(cover.end(), it->second.begin(), it->second.end());
+    }
   }
   rep.memory = estimate_memory(o.model, l, *run.profile);
   return rep;
@@ -120,6 +149,8 @@ nlohmann::json to_json(const TrainReport& r) {
   nlohmann::json j;
   j["model"] = r.model;
   j["layout"] = r.layout;
+  if (!r.cp_algo.empty()) j["context_parallel_algo"] = r.cp_algo;
+  j["micro_batch_interleave_num"] = r.micro_batch_interleave;
   j["profile"] = r.profile;
   j["source"] = r.source;
   j["dry_run"] = r.dry_run;

@@ -49,7 +49,7 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 std::string TrainLayout::describe() const {
-  return fmt::format(
+  std::string s = fmt::format(
       "tp{} cp{} dp{} pp{}{} mbs{} gbs{} {}{}{}{}{}{}{}", tp, cp, dp, pp,
       vpp > 1 ? fmt::format(" vpp{}", vpp) : "", micro_batch_size, global_batch_size,
       to_string(schedule), sequence_parallel && tp > 1 ? " sp" : "",
@@ -57,6 +57,30 @@ std::string TrainLayout::describe() const {
       recompute != Recompute::none ? fmt::format(" recompute-{}", to_string(recompute)) : "",
       cross_entropy_fusion ? " ce-fusion" : "",
       pipeline_scatter_gather() ? " pp-scatter-gather" : "");
+  if (cp > 1) {  // the CP algorithm, as MindSpeed's context_parallel_algo names it
+    if (cp_algo == "ulysses_cp_algo")
+      s += " ulysses";
+    else if (cp_algo == "hybrid_cp_algo")
+      s += fmt::format(" hybrid-u{}", ulysses_degree_in_cp);
+    else
+      s += " ring";
+    if (cp_window_size > 1 && cp_algo != "ulysses_cp_algo")
+      s += fmt::format(" window{}", cp_window_size);
+    if (use_cp_send_recv_overlap) s += " cp-send-recv-overlap";
+  }
+  if (!stage_layers.empty()) {
+    s += " layers";
+    for (std::size_t i = 0; i < stage_layers.size(); ++i)
+      s += fmt::format("{}{}", i ? "/" : " ", stage_layers[i]);
+  }
+  if (micro_batch_interleave > 1) s += fmt::format(" {}-copy", micro_batch_interleave);
+  if (gradient_aggregation_group > 0)
+    s += fmt::format(" fusion-groups{}", gradient_aggregation_group);
+  if (!overlap_grad_reduce) s += " no-overlap-grad-reduce";
+  if (!overlap_p2p_comm && schedule == PipelineSchedule::interleaved) s += " no-overlap-p2p";
+  if (!grad_reduce_in_fp32 && dtype != DType::f32 && dtype != DType::f64)
+    s += fmt::format(" grad-reduce-{}", name_of(dtype));
+  return s;
 }
 
 LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_size) {
@@ -105,11 +129,12 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
         m.vocab, l.tp));
   if (l.sequence_parallel && l.tp == 1)
     out.warnings.push_back("sequence parallel has no effect with model_parallel 1 (off)");
+  // Megatron scatters [s, b, h] along s only (_split_along_first_dim asserts s % tp == 0).
   if (l.sequence_parallel && l.tp > 1)
-    COCEMU_CHECK_ARG((m.seq / l.cp * l.micro_batch_size) % l.tp == 0,
-                     "with sequence parallel, seq_length / cp × micro batch = {} must be "
-                     "divisible by model_parallel {}",
-                     m.seq / l.cp * l.micro_batch_size, l.tp);
+    COCEMU_CHECK_ARG((m.seq / l.cp) % l.tp == 0,
+                     "with sequence parallel, seq_length / context_parallel = {} / {} = {} must "
+                     "be divisible by model_parallel {} (the sequence is split over TP)",
+                     m.seq, l.cp, m.seq / l.cp, l.tp);
   COCEMU_CHECK_ARG(m.seq % (2 * l.cp) == 0 || l.cp == 1,
                    "seq_length {} must be divisible by 2 × context_parallel = {} (load-balanced "
                    "causal split)",
@@ -123,6 +148,12 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
                    "the interleaved schedule needs ≥ 2 model chunks per stage "
                    "(--num-layers-per-virtual-pipeline-stage); vpp is {}",
                    l.vpp);
+  if (l.schedule == PipelineSchedule::interleaved && !l.overlap_p2p_comm)
+    COCEMU_CHECK_ARG(l.pp > 2,
+                     "the interleaved schedule without overlap_p2p_comm needs pipeline_stage > 2, "
+                     "not {} (Megatron asserts it: a batched p2p call would pair two sends and "
+                     "receives between the same two ranks)",
+                     l.pp);
   if (l.schedule == PipelineSchedule::interleaved)
     COCEMU_CHECK_ARG(mb % l.pp == 0,
                      "the interleaved schedule needs micro_batch_num {} to be a multiple of "
@@ -158,10 +189,10 @@ LayoutCheck check_layout(const DecoderShape& m, const TrainLayout& l, int world_
                      "micro_batch_interleave_num 2 splits each micro-batch in two along the "
                      "batch: micro batch size {} must be even",
                      l.micro_batch_size);
-  COCEMU_CHECK_ARG(l.bucket_params >= 0 && l.bucket_mb > 0,
-                   "gradient buckets: gradient_aggregation_group {} must be ≥ 0 and bucket MB {} "
-                   "> 0",
-                   l.bucket_params, l.bucket_mb);
+  COCEMU_CHECK_ARG(l.bucket_params >= 0 && l.bucket_mb >= 0 && l.gradient_aggregation_group >= 0,
+                   "gradient buckets: parameters per bucket {}, bucket MB {} and "
+                   "gradient_aggregation_group {} must be >= 0 (0: Megatron's DDP buckets)",
+                   l.bucket_params, l.bucket_mb, l.gradient_aggregation_group);
   COCEMU_CHECK_ARG(l.coc_parallel_num >= 1 && l.coc_parallel_num <= 64,
                    "CoC parallel_num {} must be in [1, 64]", l.coc_parallel_num);
   return out;

@@ -192,47 +192,48 @@ Tensor VocabLoss::backward(const std::shared_ptr<Saved>& s, double scale, const 
 // ---------------------------------------------------------------------------------------------
 // ParamBuffers
 
-ParamBuffers::ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp,
-                           int dp_rank, bool sharded, int bucket_params, double bucket_mb,
-                           bool overlap, bool overlap_gather)
+ParamBuffers::ParamBuffers(Rank& rank, std::vector<ParamSlot> slots,
+                           const std::vector<int>& bucket_of, DType dtype, DType reduce, int dp,
+                           int dp_rank, bool sharded, bool overlap, ParamGather gather)
     : rank_(rank),
       slots_(std::move(slots)),
+      bucket_of_(bucket_of),
       dtype_(dtype),
       grad_dtype_(layers::detail::grad_dtype(dtype)),
+      reduce_dtype_(reduce),
       dp_(dp),
       dp_rank_(dp_rank),
       sharded_(sharded),
       overlap_(overlap),
-      overlap_gather_(overlap_gather && sharded) {
-  // Buckets in slot order (the order the backward finalizes gradients), each closed when it
-  // holds `bucket_params` parameters or `bucket_mb` of gradients; padded to a multiple of dp
-  // when the optimizer is sharded (Megatron pads its buckets the same way).
-  const std::int64_t cap =
-      std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1e6 / double(size_of(grad_dtype_))));
-  bucket_of_.resize(slots_.size());
-  Bucket cur;
-  std::int64_t state = 0;
-  auto close = [&](int end) {
-    cur.end_param = end;
-    if (sharded_) cur.numel = (cur.numel + dp_ - 1) / dp_ * dp_;
-    cur.state_offset = state;
-    state += sharded_ ? cur.numel / dp_ : cur.numel;
-    buckets_.push_back(cur);
-    cur = Bucket{.offset = cur.offset + cur.numel, .first_param = end, .end_param = end};
-  };
-  for (int i = 0; i < int(slots_.size()); ++i) {
-    auto& slot = slots_[std::size_t(i)];
-    slot.offset = cur.offset + cur.numel;
-    cur.numel += slot.numel;
-    bucket_of_[std::size_t(i)] = int(buckets_.size());
-    const int held = i + 1 - cur.first_param;
-    if ((bucket_params > 0 && held >= bucket_params) || (bucket_params == 0 && cur.numel >= cap))
-      close(i + 1);
+      gather_(sharded ? gather : ParamGather::after_update) {
+  COCEMU_CHECK(bucket_of_.size() == slots_.size(), Errc::internal,
+               "ParamBuffers: {} bucket indices for {} parameters", bucket_of_.size(),
+               slots_.size());
+  // Bucket by bucket, each bucket's parameters in slot order (the order the backward finalizes
+  // them); padded to a multiple of dp when the optimizer is sharded (Megatron pads its buckets
+  // the same way).
+  const int n_buckets =
+      bucket_of_.empty() ? 0 : *std::max_element(bucket_of_.begin(), bucket_of_.end()) + 1;
+  buckets_.resize(std::size_t(n_buckets));
+  std::int64_t offset = 0, state = 0;
+  for (int b = 0; b < n_buckets; ++b) {
+    Bucket& bk = buckets_[std::size_t(b)];
+    bk.offset = offset;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (bucket_of_[i] != b) continue;
+      slots_[i].offset = offset + bk.numel;
+      bk.numel += slots_[i].numel;
+      bk.chunk = slots_[i].chunk;
+      ++bk.params;
+    }
+    COCEMU_CHECK(bk.params > 0, Errc::internal, "ParamBuffers: bucket {} is empty", b);
+    if (sharded_) bk.numel = (bk.numel + dp_ - 1) / dp_ * dp_;
+    bk.state_offset = state;
+    state += sharded_ ? bk.numel / dp_ : bk.numel;
+    offset += bk.numel;
   }
-  if (cur.numel > 0) close(int(slots_.size()));
-  const std::int64_t total = buckets_.empty() ? 0 : buckets_.back().offset + buckets_.back().numel;
-  params_ = alloc(rank, {total}, dtype_);
-  grads_ = alloc(rank, {total}, grad_dtype_);
+  params_ = alloc(rank, {offset}, dtype_);
+  grads_ = alloc(rank, {offset}, grad_dtype_);
   if (sharded_) {
     grad_shard_ = alloc(rank, {state}, grad_dtype_);
     param_shard_ = alloc(rank, {state}, dtype_);
@@ -272,7 +273,7 @@ void ParamBuffers::init_master() {
 void ParamBuffers::zero_grad() {
   elementwise(rank_, "zero grad buffer", grads_.nbytes(), [g = grads_] { g.fill_zero(); });
   for (auto& b : buckets_)
-    b.pending = b.end_param - b.first_param;
+    b.pending = b.params;
   reductions_.clear();
 }
 
@@ -289,14 +290,38 @@ void ParamBuffers::grad_ready(int i, Group& dp) {
   launch_reduction(index, dp);
 }
 
+namespace {
+
+/// Emulator-only work: numerics the emulated system has no kernel for (free, no launch).
+template <class Fn>
+void unpriced(Rank& rank, const std::string& name, Fn fn) {
+  rank.current_stream().launch({.name = name + " (emulator only, unpriced)",
+                                .cls = OpClass::compute,
+                                .work_ns = 0,
+                                .launch = LaunchKind::none},
+                               std::move(fn));
+}
+
+}  // namespace
+
 void ParamBuffers::launch_reduction(int index, Group& dp) {
   const Bucket& b = buckets_[std::size_t(index)];
-  const Tensor bucket = grads_.flat(b.offset, b.offset + b.numel);
+  Tensor bucket = grads_.flat(b.offset, b.offset + b.numel);
+  Tensor out = sharded_ ? grad_shard_.flat(b.state_offset, b.state_offset + b.numel / dp_) : bucket;
   const std::string label = fmt::format("grad bucket {}", index);
+  if (reduce_dtype_ != grad_dtype_) {
+    // 16-bit gradients: the bucket rounded to the reduced dtype, reduced there, and the result
+    // widened into the f32 buffer once the reduction is done (finish_reductions).
+    const Tensor wide = bucket;
+    bucket = alloc(rank_, {b.numel}, reduce_dtype_);
+    const Tensor narrow = sharded_ ? alloc(rank_, {b.numel / dp_}, reduce_dtype_) : bucket;
+    unpriced(rank_, fmt::format("round grad bucket {} to {}", index, name_of(reduce_dtype_)),
+             [wide, bucket] { bucket.copy_from(wide.to(bucket.dtype())); });
+    narrowed_.emplace_back(narrow, out);
+    out = narrow;
+  }
   if (sharded_)
-    reductions_.push_back(
-        reduce_scatter(dp, grad_shard_.flat(b.state_offset, b.state_offset + b.numel / dp_), bucket,
-                       {.async_op = true, .label = label}));
+    reductions_.push_back(reduce_scatter(dp, out, bucket, {.async_op = true, .label = label}));
   else
     reductions_.push_back(all_reduce(dp, bucket, {.async_op = true, .label = label}));
 }
@@ -304,15 +329,19 @@ void ParamBuffers::launch_reduction(int index, Group& dp) {
 void ParamBuffers::finish_reductions() {
   for (const auto& b : buckets_)
     COCEMU_CHECK_ARG(b.pending == 0,
-                     "ParamBuffers on rank {}: optimizer step with {} gradients of parameters "
-                     "[{}, {}) not finalized",
-                     rank_.id(), b.pending, b.first_param, b.end_param);
+                     "ParamBuffers on rank {}: optimizer step with {} of a bucket's {} "
+                     "gradients not finalized",
+                     rank_.id(), b.pending, b.params);
   for (const auto& [index, dp] : deferred_)
     launch_reduction(index, *dp);
   deferred_.clear();
   for (const auto& w : reductions_)
     w.wait();
   reductions_.clear();
+  for (const auto& [narrow, wide] : narrowed_)
+    unpriced(rank_, "widen reduced grad bucket",
+             [narrow, wide] { wide.copy_from(narrow.to(wide.dtype())); });
+  narrowed_.clear();
   if (sharded_ && dp_ == 1)  // nothing to reduce: the shard is the whole bucket
     elementwise(rank_, "grad shard copy", 2 * grads_.nbytes(),
                 [g = grads_, s = grad_shard_] { s.copy_from(g); });
@@ -342,26 +371,56 @@ void ParamBuffers::update(Group& dp, int step, const Adam& a, double grad_scale)
                     set(p, i, at(master, i));
                   }
                 });
-    if (sharded_ && !overlap_gather_)
+    if (sharded_ && gather_ == ParamGather::after_update)
       all_gather(dp, params_.flat(b.offset, b.offset + b.numel), p,
                  {.label = fmt::format("param bucket {}", int(&b - buckets_.data()))});
   }
-  if (!overlap_gather_) return;
-  // Megatron's --overlap-param-gather: the all-gathers go out in the order the next forward
-  // reads the buckets (buckets are in backward order), on the DP stream after the update.
+  if (gather_ == ParamGather::after_update) return;
+  // --overlap-param-gather: nothing goes out now; the next forward's pre-hooks (and, aligned,
+  // the schedule) dispatch the all-gathers.
+  gather_group_ = &dp;
   gathers_.assign(buckets_.size(), Work{});
-  for (std::size_t k = buckets_.size(); k-- > 0;) {
-    const Bucket& b = buckets_[k];
-    const std::int64_t s0 = b.state_offset, n = owned_numel(b);
-    gathers_[k] =
-        all_gather(dp, params_.flat(b.offset, b.offset + b.numel), param_shard_.flat(s0, s0 + n),
-                   {.async_op = true, .label = fmt::format("param bucket {}", k)});
-  }
+  dispatched_.assign(buckets_.size(), 0);
+  chained_.assign(buckets_.size(), 0);
 }
 
-void ParamBuffers::wait_params(int i) const {
-  if (gathers_.empty()) return;
-  gathers_[std::size_t(bucket_of_[std::size_t(i)])].wait();
+void ParamBuffers::dispatch_gather(int k) {
+  const Bucket& b = buckets_[std::size_t(k)];
+  const std::int64_t s0 = b.state_offset, n = owned_numel(b);
+  gathers_[std::size_t(k)] = all_gather(
+      *gather_group_, params_.flat(b.offset, b.offset + b.numel), param_shard_.flat(s0, s0 + n),
+      {.async_op = true, .label = fmt::format("param bucket {}", k)});
+  dispatched_[std::size_t(k)] = 1;
+}
+
+void ParamBuffers::wait_params(int i) {
+  if (dispatched_.empty()) return;  // no update yet, or gathers after each update
+  const int k = bucket_of_[std::size_t(i)];
+  if (!dispatched_[std::size_t(k)]) dispatch_gather(k);
+  gathers_[std::size_t(k)].wait();
+  if (gather_ != ParamGather::chained || chained_[std::size_t(k)]) return;
+  chained_[std::size_t(k)] = 1;
+  // The next bucket in forward order (buckets are numbered in backward order), of the same
+  // chunk: Megatron's next_param_gather_bucket_group.
+  const int next = k - 1;
+  if (next >= 0 && buckets_[std::size_t(next)].chunk == buckets_[std::size_t(k)].chunk &&
+      !dispatched_[std::size_t(next)])
+    dispatch_gather(next);
+}
+
+void ParamBuffers::start_gathers(int chunk) {
+  if (dispatched_.empty()) return;
+  for (int k = 0; k < int(buckets_.size()); ++k)
+    if (buckets_[std::size_t(k)].chunk == chunk && !dispatched_[std::size_t(k)]) dispatch_gather(k);
+}
+
+void ParamBuffers::finish_gathers() {
+  if (dispatched_.empty()) return;
+  for (int k = int(buckets_.size()) - 1; k >= 0; --k) {
+    if (!dispatched_[std::size_t(k)]) dispatch_gather(k);
+    gathers_[std::size_t(k)].wait();
+  }
+  dispatched_.clear();
 }
 
 }  // namespace cocemu::layers::train::detail

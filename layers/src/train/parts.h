@@ -67,6 +67,7 @@ struct ParamSlot {
   std::string name;
   std::int64_t offset = 0, numel = 0;
   Shape shape;
+  int chunk = 0;  ///< the model chunk it belongs to
 };
 
 /// A gradient bucket: a contiguous range of the buffers (padded to a multiple of dp when the
@@ -74,25 +75,38 @@ struct ParamSlot {
 struct Bucket {
   std::int64_t offset = 0, numel = 0;
   std::int64_t state_offset = 0;  ///< where its (owned part of the) optimizer state starts
-  int first_param = 0, end_param = 0;
+  int chunk = 0;
+  int params = 0;   ///< parameters it holds
   int pending = 0;  ///< parameters whose gradients are not final yet (this iteration)
 };
 
+/// When the distributed optimizer's parameter all-gathers run (Megatron's
+/// param_and_grad_buffer.py):
+///  - after_update: each bucket's all-gather right after the update, synchronously (without
+///    --overlap-param-gather);
+///  - chained (--overlap-param-gather, no interleaving): nothing after the update; the next
+///    forward's pre-hook for a bucket dispatches its all-gather if it is not out yet, waits for
+///    it, and dispatches the next bucket's (finish_param_sync): the first bucket is exposed, the
+///    others overlap the forward one bucket ahead;
+///  - aligned (--overlap-param-gather with interleaving, align_param_gather): the schedule
+///    dispatches whole chunks' all-gathers (start_gathers), the pre-hooks wait for them.
+enum class ParamGather : std::uint8_t { after_update, chained, aligned };
+
 /// Megatron's DDP grad buffer and (distributed) optimizer for one rank's parameters: parameters
-/// (model dtype) and gradients (f32; f64 for f64 models) in contiguous buffers, in the order the
-/// backward finalizes them, cut into buckets; Adam on f32 (f64) master weights — all of them, or
-/// with `sharded` this DP rank's 1/dp of every bucket, followed by an all-gather of the
-/// parameters.
+/// (model dtype) and gradients (f32; f64 for f64 models) in contiguous buffers, bucket by
+/// bucket (buckets.h decides which), each bucket's parameters in the order the backward
+/// finalizes them; Adam on f32 (f64) master weights — all of them, or with `sharded` this DP
+/// rank's 1/dp of every bucket, followed by an all-gather of the parameters.
 class ParamBuffers {
  public:
-  /// `overlap` (Megatron's --overlap-grad-reduce): a bucket's reduction launches as soon as its
-  /// last gradient is final; else all of them launch after the backward (Megatron's default).
-  /// `overlap_gather` (--overlap-param-gather, sharded only): the parameter all-gathers launch
-  /// after the whole update, in forward order, and the next forward waits for each bucket where
-  /// it first reads it (wait_params); else each bucket's all-gather follows its update in order.
-  ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, DType dtype, int dp, int dp_rank,
-               bool sharded, int bucket_params, double bucket_mb, bool overlap = true,
-               bool overlap_gather = false);
+  /// `bucket_of`: each slot's bucket (0..B−1). `reduce` (buckets.h reduce_dtype): the dtype
+  /// gradients are reduced in; a 16-bit one rounds each bucket to it before the reduction and
+  /// back after, as 16-bit gradient buffers would (the casts themselves are not priced: such a
+  /// buffer has none). `overlap` (Megatron's --overlap-grad-reduce): a bucket's reduction
+  /// launches as soon as its last gradient is final; else all of them launch after the backward.
+  ParamBuffers(Rank& rank, std::vector<ParamSlot> slots, const std::vector<int>& bucket_of,
+               DType dtype, DType reduce, int dp, int dp_rank, bool sharded, bool overlap,
+               ParamGather gather);
   Tensor param(int i) const;
   Tensor grad(int i) const;
   const std::vector<ParamSlot>& slots() const { return slots_; }
@@ -108,11 +122,17 @@ class ParamBuffers {
   /// The gradients this rank updates (all of them, or its shards), reduced over DP.
   Tensor owned_grads() const { return sharded_ ? grad_shard_ : grads_; }
   /// Adam (step `step`, from 1) on the owned part, the reduced gradients times `grad_scale`
-  /// (1/dp with gradients_mean); with sharding, all-gathers the parameters.
+  /// (1/dp with gradients_mean); with sharding, the parameter all-gathers as `gather` says.
   void update(Group& dp, int step, const Adam& adam, double grad_scale);
-  /// The current stream waits for the all-gather of parameter i's bucket, if the last update
-  /// launched one to overlap the forward (overlap_gather); the host does not block.
-  void wait_params(int i) const;
+  /// Forward pre-hook of parameter i (chained and aligned gathers): the current stream waits for
+  /// its bucket's all-gather (dispatched now if it is not out yet), then (chained) the next
+  /// bucket's goes out. The host does not block.
+  void wait_params(int i);
+  /// aligned: dispatches the all-gathers of `chunk`'s buckets that are not out yet.
+  void start_gathers(int chunk);
+  /// After the last iteration: every all-gather not dispatched yet runs now (Megatron syncs the
+  /// parameters this way before a checkpoint or an evaluation), so the parameters are current.
+  void finish_gathers();
   /// Master weights from the parameters (once their values have been bound in).
   void init_master();
   /// The parameters' values (for reports and tests).
@@ -121,18 +141,25 @@ class ParamBuffers {
  private:
   std::int64_t owned_offset(const Bucket& b) const;  ///< the part this rank updates
   std::int64_t owned_numel(const Bucket& b) const;
+  void launch_reduction(int bucket, Group& dp);
+  void dispatch_gather(int bucket);
   Rank& rank_;
   std::vector<ParamSlot> slots_;
   std::vector<int> bucket_of_;
   std::vector<Bucket> buckets_;
   std::vector<Work> reductions_;
-  DType dtype_, grad_dtype_;
+  /// 16-bit reductions: per launched bucket, the rounded gradient it reduced and where its f32
+  /// result goes (copied back in finish_reductions).
+  std::vector<std::pair<Tensor, Tensor>> narrowed_;
+  DType dtype_, grad_dtype_, reduce_dtype_;
   int dp_, dp_rank_;
   bool sharded_;
-  bool overlap_, overlap_gather_;
-  std::vector<Work> gathers_;  ///< per bucket: its parameter all-gather (overlap_gather)
+  bool overlap_;
+  ParamGather gather_;
+  Group* gather_group_ = nullptr;  ///< the dp group of the last update (overlapped gathers)
+  std::vector<Work> gathers_;      ///< per bucket: its parameter all-gather, once dispatched
+  std::vector<char> dispatched_, chained_;
   std::vector<std::pair<int, Group*>> deferred_;  ///< buckets ready, launched after the backward
-  void launch_reduction(int bucket, Group& dp);
   Tensor params_, grads_;
   Tensor master_, exp_avg_, exp_avg_sq_;  ///< [total] or, sharded, Σ bucket shards
   Tensor grad_shard_, param_shard_;       ///< sharded: this rank's slices, reduced / updated

@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/layers/train/buckets.h"
 #include "cocemu/layers/transformer.h"
 #include "cocemu/runtime/error.h"
 #include "kernels.h"
@@ -100,6 +103,7 @@ struct Collected {
   std::vector<PipelineBlock> blocks;
   std::vector<PieceRange> pieces;
   std::vector<std::vector<std::uint32_t>> iteration_first_op;
+  std::vector<std::uint32_t> end_op;
 };
 
 /// The p2p groups of this rank's pipeline links, each with its own stream (one per link and
@@ -178,7 +182,7 @@ class StageRunner {
     links_ = make_links(rank_, l_, stage_);
     build_model();
     const int m = int(l_.micro_batches());
-    const auto actions = pipeline_actions(l_.schedule, l_.pp, l_.vpp, m, stage_);
+    const auto steps = pipeline_steps(l_.schedule, p2p_mode(l_), l_.pp, l_.vpp, m, stage_);
     std::vector<std::uint32_t> firsts;
     for (int it = 0; it < o_.iterations; ++it) {
       iteration_ = it;
@@ -192,20 +196,37 @@ class StageRunner {
             layers::detail::elementwise(rank_, "zero copy grad", g.nbytes(),
                                         [g] { g.fill_zero(); });
         });
-      for (const auto& a : actions) {
+      // Megatron's interleaved schedule with aligned parameter all-gathers: the first two
+      // chunks' go out before the first forward, chunk c's at the forward whose unit + stage is
+      // the first micro-batch of chunk c − 1 (forward_step_helper's param_sync_func).
+      for (int c = 0; c < std::min(l_.vpp, 2) && l_.vpp > 1; ++c)
+        buffers_->start_gathers(c);
+      int forward_unit = 0;
+      for (const auto& step : steps) {
+        if (step.kind == PipelineStep::exchange) {
+          exchange(step);
+          continue;
+        }
+        const PipelineAction& a = step.action;
         const auto first = std::uint32_t(rank_.graph().ops.size());
-        if (a.forward)
+        if (a.forward) {
+          for (int c = 2; c < l_.vpp; ++c)
+            if (forward_unit + stage_ == (c - 1) * l_.pp) buffers_->start_gathers(c);
+          ++forward_unit;
           forward(it, a);
-        else
+        } else {
           backward(a);
+        }
         if (it == o_.iterations - 1)
           blocks_.push_back(
               {rank_.id(), stage_, a, first, std::uint32_t(rank_.graph().ops.size())});
       }
       optimizer_step(it);
     }
+    const auto end = std::uint32_t(rank_.graph().ops.size());
+    buffers_->finish_gathers();  // parameters current for the report (after the last iteration)
     rank_.synchronize();
-    collect(std::move(firsts));
+    collect(std::move(firsts), end);
   }
 
  private:
@@ -304,8 +325,11 @@ class StageRunner {
     // (each layer's linears in backward order), the embedding. A binding per copy.
     using Bind = std::function<void(const Tensor&, const Tensor&)>;
     std::vector<std::vector<Bind>> binds;
-    auto add = [&](std::string name, const Shape& shape, auto bind_copy) {
-      slots.push_back({std::move(name), 0, shape.numel(), shape});
+    std::vector<GradParam> grad_params;  // the same, as buckets.h sees them
+    auto add = [&](std::string name, const Shape& shape, auto bind_copy, int chunk = 0,
+                   std::int64_t layer = -1) {
+      slots.push_back({std::move(name), 0, shape.numel(), shape, chunk});
+      grad_params.push_back({chunk, layer, shape.numel()});
       std::vector<Bind> per_copy;
       for (int c = 0; c < copies(); ++c)
         per_copy.push_back(
@@ -323,9 +347,12 @@ class StageRunner {
                                                         l_.dtype, l_.cross_entropy_fusion);
       }
       lm_head_slot_ = int(slots.size());
-      add("lm_head", Shape{vl, md.hidden}, [this](int c, const Tensor& w, const Tensor& g) {
-        copies_[std::size_t(c)].loss->head().bind(w, g);
-      });
+      add(
+          "lm_head", Shape{vl, md.hidden},
+          [this](int c, const Tensor& w, const Tensor& g) {
+            copies_[std::size_t(c)].loss->head().bind(w, g);
+          },
+          l_.vpp - 1);
     }
     for (auto& copy : copies_) {
       copy.chunks.resize(std::size_t(l_.vpp));
@@ -351,14 +378,22 @@ class StageRunner {
           return copies_[std::size_t(copy)].chunks[std::size_t(c)][std::size_t(li)].layer.get();
         };
         const TransformerLayer& l0 = *entry.layer;
-        add(p + "mlp.down", l0.mlp_down().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_down().bind(w, g); });
-        add(p + "mlp.up", l0.mlp_up().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_up().bind(w, g); });
-        add(p + "attn.out", l0.attn_out().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->attn_out().bind(w, g); });
-        add(p + "attn.qkv", l0.qkv().weight().shape(),
-            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->qkv().bind(w, g); });
+        add(
+            p + "mlp.down", l0.mlp_down().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_down().bind(w, g); },
+            c, entry.index);
+        add(
+            p + "mlp.up", l0.mlp_up().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->mlp_up().bind(w, g); }, c,
+            entry.index);
+        add(
+            p + "attn.out", l0.attn_out().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->attn_out().bind(w, g); },
+            c, entry.index);
+        add(
+            p + "attn.qkv", l0.qkv().weight().shape(),
+            [layer](int k, const Tensor& w, const Tensor& g) { layer(k)->qkv().bind(w, g); }, c,
+            entry.index);
       }
     if (stage_ == 0) {
       const Tensor full = table(false);
@@ -373,9 +408,13 @@ class StageRunner {
           });
       embedding_slot_ = int(slots.size()) - 1;
     }
+    const detail::ParamGather gather = !l_.overlap_param_gather ? detail::ParamGather::after_update
+                                       : l_.vpp > 1             ? detail::ParamGather::aligned
+                                                                : detail::ParamGather::chained;
     buffers_ = std::make_unique<detail::ParamBuffers>(
-        rank_, std::move(slots), l_.dtype, dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
-        l_.bucket_params, l_.bucket_mb, l_.overlap_grad_reduce, l_.overlap_param_gather);
+        rank_, std::move(slots), assign_buckets(md, l_, stage_, grad_params), l_.dtype,
+        reduce_dtype(l_), dp_cp_.size(), dp_cp_.rank(), l_.distributed_optimizer,
+        l_.overlap_grad_reduce, gather);
     for (int i = 0; i < int(binds.size()); ++i) {
       binds[std::size_t(i)][0](buffers_->param(i), buffers_->grad(i));
       for (int c = 1; c < copies(); ++c) {
@@ -414,30 +453,64 @@ class StageRunner {
     auto operator<=>(const Key&) const = default;
   };
 
-  /// A pipeline tensor (an activation or its gradient) to the neighbouring stage: whole, or with
-  /// Megatron 2021-2022's scatter/gather this TP rank's 1/tp slice of it.
-  void send(Group& link, const Tensor& t, int peer, int copy) {
-    if (!l_.pipeline_scatter_gather()) {
-      isend(link, t, peer);
-      return;
-    }
-    const Group& tp = copies_[std::size_t(copy)].tp;
-    const std::int64_t k = t.numel() / tp.size();
-    isend(link, t.flat(k * tp.rank(), k * (tp.rank() + 1)), peer);
+  /// A pipeline tensor in flight: an activation (forward) or its gradient, of a micro-batch's
+  /// chunk and copy; `incoming_` holds what an exchange received for a pass to come, `outgoing_`
+  /// what a pass produced for an exchange to send.
+  using Transfer = std::tuple<bool, int, int, int>;  // forward, micro-batch, chunk, copy
+  static Transfer transfer(const PipelineAction& a, int copy) {
+    return {a.forward, a.micro_batch, a.chunk, copy};
   }
-  /// What `send` sent: the whole tensor, or the slices, all-gathered over this stage's TP group
-  /// before the tensor is used (Megatron's gather_split_1d_tensor).
-  Tensor receive(Group& link, int peer, int copy) {
-    Tensor t = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
-    if (!l_.pipeline_scatter_gather()) {
-      irecv(link, t, peer).wait();
-      return t;
-    }
-    Group& tp = copies_[std::size_t(copy)].tp;
-    Tensor slice = alloc(rank_, {t.numel() / tp.size()}, l_.dtype);
-    irecv(link, slice, peer).wait();
-    all_gather(tp, t, slice).wait();
-    return t;
+
+  /// One p2p call of the schedule (pipeline_steps): every send and receive of each copy posted,
+  /// then the copy's compute stream waits for all of them (blocking) or for the receives only.
+  /// A tensor travels whole or, with Megatron 2021-2022's scatter/gather, as this TP rank's 1/tp
+  /// slice, all-gathered over the stage's TP group once received (gather_split_1d_tensor).
+  void exchange(const PipelineStep& step) {
+    const bool sliced = l_.pipeline_scatter_gather();
+    for (int c = 0; c < copies(); ++c)
+      on_copy(c, [&] {
+        Group& tp = copies_[std::size_t(c)].tp;
+        std::vector<Work> sends, recvs;
+        for (const PipelineAction& a : step.sends) {
+          auto node = outgoing_.extract(transfer(a, c));
+          COCEMU_CHECK(!node.empty(), Errc::internal,
+                       "rank {}: stage {} sends the output of {} before computing it", rank_.id(),
+                       stage_, action_label(a, l_.vpp));
+          const Tensor& t = node.mapped();
+          Group& link = a.forward ? links_.fwd_out : links_.bwd_out;
+          const int peer = a.forward ? links_.fwd_out_peer : links_.bwd_out_peer;
+          const std::int64_t k = t.numel() / tp.size();
+          sends.push_back(sliced ? isend(link, t.flat(k * tp.rank(), k * (tp.rank() + 1)), peer)
+                                 : isend(link, t, peer));
+        }
+        std::vector<std::pair<Tensor, Tensor>> received;  // (tensor, slice) per receive
+        for (const PipelineAction& a : step.recvs) {
+          Tensor t = alloc(rank_, {local_rows(), o_.model.hidden}, l_.dtype);
+          Tensor slice = sliced ? alloc(rank_, {t.numel() / tp.size()}, l_.dtype) : t;
+          Group& link = a.forward ? links_.fwd_in : links_.bwd_in;
+          const int peer = a.forward ? links_.fwd_in_peer : links_.bwd_in_peer;
+          recvs.push_back(irecv(link, slice, peer));
+          received.emplace_back(t, slice);
+          incoming_[transfer(a, c)] = t;
+        }
+        for (const Work& w : recvs)
+          w.wait();
+        if (step.blocking)
+          for (const Work& w : sends)
+            w.wait();
+        if (sliced)
+          for (const auto& [t, slice] : received)
+            all_gather(tp, t, slice).wait();
+      });
+  }
+
+  /// What an exchange received for pass `a` of copy c.
+  Tensor take_input(const PipelineAction& a, int c) {
+    auto node = incoming_.extract(transfer(a, c));
+    COCEMU_CHECK(!node.empty(), Errc::internal,
+                 "rank {}: stage {} runs {} before receiving its input", rank_.id(), stage_,
+                 action_label(a, l_.vpp));
+    return node.mapped();
   }
 
   void forward(int iteration, const PipelineAction& a) {
@@ -451,7 +524,7 @@ class StageRunner {
             return copies_[std::size_t(c)].embedding->forward(batch(a.micro_batch, c), rows());
           });
         } else {
-          x[std::size_t(c)] = receive(links_.fwd_in, links_.fwd_in_peer, c);
+          x[std::size_t(c)] = take_input(a, c);
         }
       });
     const std::size_t layers = copies_[0].chunks[std::size_t(a.chunk)].size();
@@ -489,7 +562,7 @@ class StageRunner {
                                                          o_.linear, slot);
           });
         } else {
-          send(links_.fwd_out, x[std::size_t(c)], links_.fwd_out_peer, c);
+          outgoing_[transfer(a, c)] = x[std::size_t(c)];
         }
       });
   }
@@ -514,13 +587,14 @@ class StageRunner {
         if (last_stage_chunk(a.chunk)) {
           auto node = loss_saved_.extract({a.micro_batch, c});
           // Megatron scales each micro-batch's loss by 1/micro-batches (and by 1/cp: every cp
-          // rank averages over its seq/cp tokens); copies average too.
+          // rank averages over its seq/cp tokens). Copies add up: MindSpore's
+          // MicroBatchInterleaved sums the copies' losses (only the logged loss is divided).
           dy[std::size_t(c)] = piece("loss bwd", [&] {
             return copies_[std::size_t(c)].loss->backward(
-                node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp * n), o_.linear);
+                node.mapped(), 1.0 / double(l_.micro_batches() * l_.cp), o_.linear);
           });
         } else {
-          dy[std::size_t(c)] = receive(links_.bwd_in, links_.bwd_in_peer, c);
+          dy[std::size_t(c)] = take_input(a, c);
         }
       });
     if (last_stage_chunk(a.chunk) && last_micro_batch) grad_final(0);
@@ -555,7 +629,7 @@ class StageRunner {
                                                         dy[std::size_t(c)]);
           });
         else
-          send(links_.bwd_out, dy[std::size_t(c)], links_.bwd_out_peer, c);
+          outgoing_[transfer(a, c)] = dy[std::size_t(c)];
       });
     if (first_stage_chunk(a.chunk) && last_micro_batch) grad_final(embedding_slot_);
   }
@@ -590,9 +664,10 @@ class StageRunner {
     buffers_->update(dp_cp_, iteration + 1, o_.adam, mean);
   }
 
-  void collect(std::vector<std::uint32_t> firsts) {
+  void collect(std::vector<std::uint32_t> firsts, std::uint32_t end) {
     std::lock_guard lock(out_.mu);
     out_.iteration_first_op[std::size_t(rank_.id())] = std::move(firsts);
+    out_.end_op[std::size_t(rank_.id())] = end;
     out_.blocks.insert(out_.blocks.end(), blocks_.begin(), blocks_.end());
     out_.pieces.insert(out_.pieces.end(), pieces_.begin(), pieces_.end());
     if (!rank_.numerics() || mesh_.dp_rank != 0 || mesh_.cp_rank != 0) return;
@@ -618,6 +693,7 @@ class StageRunner {
   std::map<Key, std::shared_ptr<TransformerLayer::Context>> contexts_;
   std::map<Key, Tensor> inputs_;
   std::map<std::pair<int, int>, std::shared_ptr<detail::VocabLoss::Saved>> loss_saved_;
+  std::map<Transfer, Tensor> incoming_, outgoing_;
   std::vector<PipelineBlock> blocks_;
   std::vector<PieceRange> pieces_;
 };
@@ -628,19 +704,20 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   const TrainLayout& l = o.layout;
   TrainResult result;
   result.warnings = check_layout(o.model, l, l.world()).warnings;
-  COCEMU_CHECK_ARG(l.grad_reduce_in_fp32 || l.dtype == DType::f32 || l.dtype == DType::f64,
-                   "gradients reduced in {} (grad_reduce_in_fp32 false) are priced by the step "
-                   "model only (engine model); the emulated ranks accumulate and reduce {} "
-                   "gradients in f32",
-                   name_of(l.dtype), name_of(l.dtype));
+  COCEMU_CHECK_ARG(l.cp == 1 || o.model.flash_attention,
+                   "context parallel {} with unfused core attention: MindSpeed's context-parallel "
+                   "attention is flash attention (use flash attention, or context parallel 1)",
+                   l.cp);
   COCEMU_CHECK_ARG(l.cp == 1 || !world.numerics || l.dtype == DType::f32 || l.dtype == DType::f64,
                    "context parallel attention runs its numerics in f32 or f64, not {}: use "
                    "--dtype f32 (or --dry-run to model {})",
                    name_of(l.dtype), name_of(l.dtype));
+  // MindSpeed's _validate_cp_args on the model's head counts (the rules divide by tp × cp, or by
+  // the Ulysses degree × tp, themselves).
   if (l.cp > 1)
     attn::validate(cp_config(l), {.batch = l.micro_batch_size,
-                                  .heads = o.model.heads / l.tp,
-                                  .kv_heads = o.model.kv() / l.tp,
+                                  .heads = o.model.heads,
+                                  .kv_heads = o.model.kv(),
                                   .seq = o.model.seq,
                                   .head_dim = o.model.hidden / o.model.heads,
                                   .dtype = l.dtype});
@@ -659,6 +736,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
                       std::vector<std::shared_ptr<double>>(std::size_t(m))));
   out.grad_norm.assign(std::size_t(o.iterations), nullptr);
   out.iteration_first_op.resize(std::size_t(l.world()));
+  out.end_op.resize(std::size_t(l.world()));
   result.run = run(world, [&](Rank& rank) { StageRunner(rank, o, out).run(); });
   if (result.run.numerics) {
     for (const auto& per_dp : out.loss) {
@@ -675,6 +753,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   result.blocks = std::move(out.blocks);
   result.pieces = std::move(out.pieces);
   result.iteration_first_op = std::move(out.iteration_first_op);
+  result.end_op = std::move(out.end_op);
   return result;
 }
 

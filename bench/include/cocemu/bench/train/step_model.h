@@ -5,9 +5,15 @@
 ///  - one micro-batch through one layer, the embedding and the loss is emulated (dry run) on one
 ///    TP group with the same CoC options, recompute and sequence parallelism: the duration of
 ///    each part on the device and its exposed TP communication;
-///  - the pipeline schedule (pipeline.h) is replayed stage by stage with those durations; each
-///    activation or gradient transfer is priced on the link between the two stages' devices
-///    (the profile's topology) and queued on that link's stream, as the emulated step does;
+///  - the pipeline schedule (pipeline.h) is replayed stage by stage with those durations and
+///    Megatron's p2p calls between the passes (pipeline_steps); each activation or gradient
+///    transfer is priced on the link between the two stages' devices (the profile's topology).
+///    Overlapped calls (interleaved with overlap_p2p_comm, GPipe) queue each transfer on its
+///    link and direction as soon as its pass is done, and the stage waits only for its receives;
+///    a blocking call (Megatron's 1F1B; interleaved without overlap_p2p_comm) waits until both
+///    ends have posted each of its transfers and all of them have crossed, each transfer taking
+///    the first stretch where its sender's and receiver's ports are free, as the emulated
+///    timeline shares a port between transfers;
 ///  - each gradient bucket's DP reduction is priced by `model_collective` on the DP group's
 ///    placement, launched when its last gradient is final in the last micro-batch's backward and
 ///    serialized on the DP stream;
@@ -41,8 +47,13 @@ class StepMemo {
   /// pipeline_actions(schedule, pp, vpp, m, stage), computed once.
   const std::vector<layers::train::PipelineAction>& actions(layers::train::PipelineSchedule s,
                                                             int pp, int vpp, int m, int stage);
+  /// pipeline_steps(layout's schedule, p2p_mode(layout), pp, vpp, m, stage), computed once.
+  const std::vector<layers::train::PipelineStep>& steps(const layers::train::TrainLayout& layout,
+                                                        int stage);
   /// peak_chunks_in_flight(layout, stage), from the memoized actions.
   int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
+  /// peak_loss_in_flight(layout), from the memoized actions.
+  int peak_loss_in_flight(const layers::train::TrainLayout& layout);
   std::size_t size() const;
 
  private:

@@ -54,6 +54,9 @@ struct TrainSettings {
   Setting<bool> gradients_mean;
   Setting<bool> sequence_parallel, distributed_optimizer, deterministic;
   Setting<bool> overlap_grad_reduce, overlap_param_gather, grad_reduce_in_fp32;
+  /// Interleaved 1F1B's p2p overlapped with compute (Megatron's default; false:
+  /// --no-overlap-p2p-communication, the blocking batched calls of 2021-2022 Megatron).
+  Setting<bool> overlap_p2p_comm;
   Setting<bool> cross_entropy_loss_fusion, scatter_gather_tensors_in_pipeline;
   Setting<bool> flash_attention;                    ///< false: Megatron's unfused core attention
   Setting<std::vector<std::int64_t>> stage_layers;  ///< layers per pipeline stage (uneven split)

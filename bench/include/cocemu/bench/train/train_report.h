@@ -66,8 +66,13 @@ std::vector<MemoryTerm> layer_activations(const layers::train::DecoderShape& mod
 /// Micro-batches whose activations a stage holds at once under the layout's schedule (counted
 /// from the schedule's order, in units of model chunks).
 int peak_chunks_in_flight(const layers::train::TrainLayout& layout, int stage);
-/// The same, counted from a stage's action list.
-int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions);
+/// The same, counted from a stage's action list; with `chunk` ≥ 0, only that model chunk's
+/// micro-batches.
+int peak_chunks_in_flight(const std::vector<layers::train::PipelineAction>& actions,
+                          int chunk = -1);
+/// Micro-batches whose logits the last stage holds at once: those of its last chunk (the one
+/// that computes the loss) in flight, from the same action list the schedule runs.
+int peak_loss_in_flight(const layers::train::TrainLayout& layout);
 class StepMemo;
 /// Per-device memory of the layout's fullest stage. `memo` (optional) supplies the schedules'
 /// in-flight counts when many layouts are estimated (a search).
@@ -89,7 +94,7 @@ const char* comm_kind(const std::string& lane);
 double stage_parameters(const layers::train::DecoderShape& model,
                         const layers::train::TrainLayout& layout, int stage);
 /// Model FLOPs of one iteration (Narayanan et al. 2021: forward + 2 × backward, attention
-/// counted as full s², recompute not counted).
+/// counted as full s², recompute not counted; the LM head over Megatron's padded vocabulary).
 double model_flops_per_iteration(const layers::train::DecoderShape& model,
                                  const layers::train::TrainLayout& layout);
 
@@ -103,6 +108,10 @@ struct PipelineBlockTime {
 
 struct TrainReport {
   std::string model, layout, profile, source;  ///< source: "emulated" or "step model"
+  /// What the layout string names, as keys of their own: MindSpeed's context_parallel_algo
+  /// (cp > 1) and MindSpore's micro_batch_interleave_num.
+  std::string cp_algo;
+  int micro_batch_interleave = 1;
   bool dry_run = false;
   bool deterministic = true;  ///< the collectives' mode (TrainSetup::deterministic)
   int world = 0, nodes = 1;

@@ -42,14 +42,18 @@ struct TrainLayout {
   bool distributed_optimizer = false;  ///< Megatron's --use-distributed-optimizer
   bool gradients_mean = true;          ///< divide reduced gradients by dp
   int micro_batch_interleave = 1;      ///< MindSpore's micro_batch_interleave_num (1 or 2)
-  /// Gradient buckets: the DP reduction of a bucket starts when its last gradient is ready.
-  /// bucket_params > 0 (MindFormers' gradient_aggregation_group): that many parameters per
-  /// bucket; else bucket_mb of f32 gradients per bucket (Megatron's DDP bucket).
+  /// Gradient buckets (buckets.h): the DP reduction of a bucket starts when its last gradient
+  /// is ready. All zero: Megatron's DDP (max(40M, 1M·dp) elements per bucket on pipeline rank
+  /// 0's first chunk, one bucket per chunk elsewhere and without overlap_grad_reduce).
+  /// gradient_aggregation_group > 0: MindFormers' comm-fusion groups over the layers (one group
+  /// of layers when pp > 1). bucket_params > 0: that many parameters per bucket. bucket_mb > 0:
+  /// that many MB of reduced gradients per bucket on every stage (PyTorch DDP's bucket_cap_mb).
+  int gradient_aggregation_group = 0;
   int bucket_params = 0;
-  double bucket_mb = 40.0 * 4;  ///< Megatron's default bucket of 40 M f32 elements
+  double bucket_mb = 0;
   /// Gradients accumulated and reduced in f32 (Megatron's --accumulate-allreduce-grads-in-fp32,
-  /// forced with bf16); false: in the 16-bit dtype, as 2021 Megatron's fp16 runs without that flag
-  /// did. Only the step model prices false (the emulated ranks keep f32 gradients).
+  /// forced with bf16); false: reduced in the 16-bit dtype, as 2021 Megatron's fp16 runs without
+  /// that flag did (the emulated ranks round each bucket to it for its reduction and back).
   bool grad_reduce_in_fp32 = true;
   /// Explicit layers per stage (pp entries summing to num_layers); empty: an even split.
   std::vector<std::int64_t> stage_layers;
@@ -65,6 +69,11 @@ struct TrainLayout {
   /// iteration's forward waits for each bucket where it first reads it).
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;
+  /// Megatron's --overlap-p2p-comm for the interleaved schedule (its default since 2023-10): a
+  /// stage does not wait for its sends. Off (2021-2022 Megatron, batched p2p), every p2p call
+  /// blocks the stage until all its transfers are done (pipeline.h, P2PMode). Megatron's
+  /// non-interleaved 1F1B always blocks; GPipe never does.
+  bool overlap_p2p_comm = true;
   /// Megatron's --cross-entropy-loss-fusion: the loss runs as jit-fused kernels (fewer passes
   /// over the logits; see CrossEntropyTraffic) and one all_reduce carries the target logits and
   /// the exp-sums. The same numerics either way.
@@ -85,7 +94,9 @@ struct TrainLayout {
 
   int world() const { return tp * cp * dp * pp; }
   std::int64_t micro_batches() const { return global_batch_size / (micro_batch_size * dp); }
-  /// "tp2 cp1 dp2 pp2 vpp1 mbs1 gbs8 1f1b"
+  /// "tp2 cp2 dp2 pp2 vpp2 mbs2 gbs16 interleaved sp dist-opt ring 2-copy": the sizes, the
+  /// schedule, then every option that is on (or, for the overlaps and f32 gradient reduction,
+  /// off), the CP algorithm, an explicit layer split and multi-copy.
   std::string describe() const;
 };
 

@@ -9,7 +9,10 @@
 /// stream ("dp comm", PyTorch gives each process group its own); every pipeline transfer on a
 /// stream of its own link and direction ("pp fwd in", "pp fwd out", "pp bwd in", "pp bwd out").
 /// The host enqueues a whole iteration without blocking; events order the streams, so the
-/// modeled timeline shows the pipeline as the schedule lays it out.
+/// modeled timeline shows the pipeline as the schedule lays it out. Pipeline transfers go out in
+/// Megatron's p2p calls (pipeline.h, pipeline_steps): in 1F1B (and interleaved without
+/// overlap_p2p_comm) a stage's compute waits for every send and receive of a call, in the
+/// overlapped interleaved schedule only for its receives.
 ///
 /// Context parallelism runs each layer's core attention as MindSpeed's CP attention (ring,
 /// Ulysses, hybrid, double ring) over the cp group, on this rank's seq/cp tokens (the
@@ -17,9 +20,13 @@
 /// data-parallel group with context parallelism. Selective recompute recomputes core attention
 /// (with CP, its transfers too) in the backward.
 ///
-/// Not modeled: MindSpore's micro_batch_interleave_num = 2 (rejected with an error that says
-/// so), tied embeddings (the LM head is untied, as LLaMA's), gradient clipping (the global
-/// gradient norm is computed and all-reduced every iteration, as Megatron logs it, but not
+/// MindSpore's micro_batch_interleave_num = 2 (multi-copy) splits each micro-batch in two along
+/// the batch; each copy runs on its own compute stream and TP communicator, and the copies'
+/// losses add up as MindSpore's MicroBatchInterleaved sums them (so gradients and their norm are
+/// twice a mean's; the reported loss is divided by the copies, as MindFormers logs it).
+///
+/// Not modeled: tied embeddings (the LM head is untied, as LLaMA's), gradient clipping (the
+/// global gradient norm is computed and all-reduced every iteration, as Megatron logs it, but not
 /// applied: clipping by a norm whose partial sums depend on the stage split would make pipeline
 /// layouts differ in the last bits).
 #include <cstdint>
@@ -68,7 +75,7 @@ struct PipelineBlock {
 };
 
 struct TrainResult {
-  std::vector<double> loss;       ///< per iteration, mean over micro-batches and dp; empty dry
+  std::vector<double> loss;       ///< per iteration, mean over tokens (copies too); empty dry
   std::vector<double> grad_norm;  ///< per iteration, the global gradient norm; empty dry
   /// Updated parameters of the dp-rank-0, cp-rank-0 ranks: "layer3.mlp.up tp1" → shard.
   std::map<std::string, Tensor> weights;
@@ -76,6 +83,9 @@ struct TrainResult {
   std::vector<PieceRange> pieces;  ///< with TrainOptions::record_pieces
   /// Per rank, the index of its first op of each iteration (to cut the timeline).
   std::vector<std::vector<std::uint32_t>> iteration_first_op;
+  /// Per rank, the index after its last iteration's ops (what follows, the final parameter
+  /// all-gathers of --overlap-param-gather, belongs to no iteration).
+  std::vector<std::uint32_t> end_op;
   std::int64_t padded_vocab = 0;
   std::vector<std::string> warnings;
   RunResult run;

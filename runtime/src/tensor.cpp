@@ -158,6 +158,19 @@ Tensor Tensor::shape_only(const Shape& shape, DType dtype) {
   return t;
 }
 
+Tensor Tensor::wrap(std::shared_ptr<std::byte[]> storage, std::size_t offset_bytes,
+                    const Shape& shape, DType dtype) {
+  COCEMU_CHECK_ARG(storage != nullptr, "Tensor::wrap of {}[{}] without storage", name_of(dtype),
+                   shape.str());
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.offset_bytes_ = offset_bytes;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.dtype_set_ = true;
+  return t;
+}
+
 template <class T>
 Tensor Tensor::from(const Shape& shape, std::span<const T> values, DType dtype) {
   COCEMU_CHECK_ARG(std::int64_t(values.size()) == shape.numel(),

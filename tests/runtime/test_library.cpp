@@ -70,6 +70,57 @@ TEST(Library, RunErrorsCarryTheFailingRank) {
   EXPECT_EQ(Error(Errc::internal, "plain").rank(), -1);
 }
 
+TEST(Library, Int64Uint8AndBoolCollectives) {
+  EXPECT_EQ(parse_dtype("int64"), DType::i64);
+  EXPECT_EQ(parse_dtype("u8"), DType::u8);
+  EXPECT_EQ(parse_dtype("bool"), DType::boolean);
+  EXPECT_EQ(name_of(DType::boolean), "bool");
+  EXPECT_FALSE(is_floating(DType::i64));
+  testing::expect_error([] { parse_dtype("u16"); }, Errc::invalid_argument,
+                        {"unknown dtype 'u16'", "i64, u8, bool"});
+  const std::int64_t big = std::int64_t(1) << 40;  // beyond 32 bits: must not be truncated
+  std::vector<std::vector<std::int64_t>> i64s(3);
+  std::vector<std::vector<int>> u8s(3), ors(3), ands(3), maxes(3);
+  run_ranks(3, [&](Rank& rank) {
+    Group world = Group::world(rank);
+    const int me = rank.id();
+    const Tensor a = Tensor::zeros({2}, DType::i64);
+    a.data<std::int64_t>()[0] = big * (me + 1);
+    a.data<std::int64_t>()[1] = -big;
+    const Tensor u = Tensor::zeros({1}, DType::u8);
+    u.data<std::uint8_t>()[0] = std::uint8_t(100 + 50 * me);  // 100 + 150 + 200 wraps mod 256
+    const Tensor b1 = Tensor::zeros({2}, DType::boolean), b2 = Tensor::zeros({2}, DType::boolean),
+                 b3 = Tensor::zeros({2}, DType::boolean);
+    for (const Tensor& b : {b1, b2, b3}) {
+      b.data<bool>()[0] = me == 1;  // one rank true
+      b.data<bool>()[1] = true;     // every rank true
+    }
+    all_reduce(world, a);
+    all_reduce(world, u);
+    all_reduce(world, b1);                          // sum: or
+    all_reduce(world, b2, {.op = ReduceOp::prod});  // and
+    all_reduce(world, b3, {.op = ReduceOp::max});   // or
+    rank.synchronize();
+    const auto r = std::size_t(me);
+    i64s[r] = {a.data<std::int64_t>()[0], a.data<std::int64_t>()[1]};
+    u8s[r] = {u.data<std::uint8_t>()[0]};
+    ors[r] = {b1.data<bool>()[0], b1.data<bool>()[1]};
+    ands[r] = {b2.data<bool>()[0], b2.data<bool>()[1]};
+    maxes[r] = {b3.data<bool>()[0], b3.data<bool>()[1]};
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(i64s[r], (std::vector<std::int64_t>{6 * big, -3 * big}));
+    EXPECT_EQ(u8s[r], (std::vector<int>{(100 + 150 + 200) % 256}));
+    EXPECT_EQ(ors[r], (std::vector<int>{1, 1}));
+    EXPECT_EQ(ands[r], (std::vector<int>{0, 1}));
+    EXPECT_EQ(maxes[r], (std::vector<int>{1, 1}));
+  }
+  const Tensor t = Tensor::from<double>({3}, std::vector<double>{0, 2, -1}, DType::boolean);
+  EXPECT_EQ(t.item(0), 0);
+  EXPECT_EQ(t.item(1), 1);  // any nonzero is true
+  EXPECT_EQ(t.to(DType::i64).item(2), 1);
+}
+
 TEST(Library, ConfigDirOfTheBuildTreeAndTheEnvironment) {
   const char* saved = std::getenv("COCEMU_CONFIG_DIR");
   const std::string keep = saved ? saved : "";

@@ -27,7 +27,11 @@ stream wait (the host does not block); without, they return None after that wait
 Errors are `cocemu.Error` (a RuntimeError with `code` and `rank`). A Python exception raised on a
 rank unwinds every rank and is re-raised by `run` with its own type, its `rank` attribute set.
 Every call that can block (synchronize, Work.synchronize, Event.synchronize, barrier, group
-creation, symmetric waits) releases the GIL; calls that only enqueue keep it.
+creation, symmetric waits, layers) releases the GIL; calls that only enqueue keep it. The rank
+functions' Python runs one thread at a time, so a program issuing many small ops is bounded by
+the interpreter: bench/python_overhead.py measures it against C++. Preloading oneTBB's malloc
+(LD_PRELOAD=libtbbmalloc_proxy.so.2, as the `cocemu` CLI links it) makes the C++ side's
+cross-thread frees cheaper.
 """
 
 import contextlib as _contextlib
@@ -93,6 +97,7 @@ from ._cocemu import (  # noqa: F401  (re-exported)
     unfused_attention_ns,
 )
 
+__version__ = _cocemu.__version__
 __all__ = [name for name in dir() if not name.startswith("_")] + ["run", "P2POp"]
 
 

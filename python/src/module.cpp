@@ -4,6 +4,7 @@
 PYBIND11_MODULE(_cocemu, m) {
   using namespace cocemu::python;
   m.doc() = "cocemu: emulated accelerator nodes with a modeled device timeline (C++ bindings).";
+  m.attr("__version__") = COCEMU_VERSION;
   init_numpy();
   register_errors(m);
   Classes classes;

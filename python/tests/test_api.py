@@ -344,6 +344,12 @@ def test_run_result_outputs(tmp_path):
     assert "wall" in r.chrome_trace(include_wall=True)
 
 
+def test_module_metadata():
+    assert cocemu.__version__.count(".") == 2
+    assert {"run", "all_reduce", "Rank", "Error", "P2POp"} <= set(cocemu.__all__)
+    assert issubclass(cocemu.Error, RuntimeError)
+
+
 def test_cost_model_functions():
     p = cocemu.load_profile("h100-sxm")
     assert p.name == "h100-sxm"

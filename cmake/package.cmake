@@ -31,9 +31,7 @@ foreach(module runtime collectives attention layers bench)
   install(DIRECTORY ${module}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           PATTERN detail EXCLUDE)
 endforeach()
-install(TARGETS cocemu_shared EXPORT cocemuTargets
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS cocemu_shared EXPORT cocemuTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS cocemu RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY configs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/cocemu)
 
@@ -50,5 +48,6 @@ install(FILES ${PROJECT_BINARY_DIR}/cocemuConfig.cmake
 # pkg-config: paths relative to the .pc file, so that `--prefix` at install time holds.
 file(RELATIVE_PATH _cocemu_pc_to_prefix
   /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+string(REGEX REPLACE "/$" "" _cocemu_pc_to_prefix "${_cocemu_pc_to_prefix}")
 configure_file(cmake/cocemu.pc.in ${PROJECT_BINARY_DIR}/cocemu.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/cocemu.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

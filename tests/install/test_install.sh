@@ -2,7 +2,7 @@
 # Installs the build into a temporary prefix and uses it as a user would (ctest label `install`):
 #  1. builds examples/cpp (the README's example, as printed) as a separate CMake project with
 #     find_package(cocemu), runs it and checks its output;
-#  2. compiles the same file with the pkg-config line and runs it;
+#  2. compiles the same file with the pkg-config line and runs it, and every installed header;
 #  3. checks that the installed CLI, a program linked to the installed library and the installed
 #     Python module find their configs under the prefix (a profile only the prefix has);
 #  4. imports the installed Python module and runs an 8-rank all_reduce.
@@ -57,6 +57,11 @@ c++ -std=c++20 "$src/examples/cpp/quickstart.cpp" $flags -o "$tmp/quickstart_pc"
 mkdir "$tmp/run2"
 (cd "$tmp/run2" && "$tmp/quickstart_pc" > out.txt)
 check_quickstart "$tmp/run2"
+
+step "every installed header compiles on its own include path"
+(cd "$prefix/include" && find cocemu -name '*.h' | sort | sed 's/.*/#include "&"/') > "$tmp/all_headers.cpp"
+# shellcheck disable=SC2086
+c++ -std=c++20 -fsyntax-only "$tmp/all_headers.cpp" $flags || fail "the installed headers"
 
 step "configs from the prefix"
 want=$(cd "$prefix/share/cocemu" && pwd -P)

@@ -743,16 +743,22 @@ void bind_runtime(py::module_& m, Classes& classes) {
           "path"_a, "include_wall"_a = false, "include_host"_a = true)
       .def(
           "svg",
-          [](const PyRunResult& r, const std::string& title) {
-            return svg_timeline(result_of(r), title);
+          [](const PyRunResult& r, const std::string& title, std::int64_t span_ns,
+             bool collapse_identical_ranks, double width) {
+            return svg_timeline(result_of(r), title, {span_ns, collapse_identical_ranks, width});
           },
-          "title"_a = "cocemu")
+          "title"_a = "cocemu", py::kw_only(), "span_ns"_a = 0, "collapse_identical_ranks"_a = true,
+          "width"_a = 1600.0,
+          "The modeled timeline as SVG (span_ns: the x axis's span, to compare several runs).")
       .def(
           "write_svg",
-          [](const PyRunResult& r, const std::string& path, const std::string& title) {
-            write_svg_timeline(result_of(r), path, title);
+          [](const PyRunResult& r, const std::string& path, const std::string& title,
+             std::int64_t span_ns, bool collapse_identical_ranks, double width) {
+            write_svg_timeline(result_of(r), path, title,
+                               {span_ns, collapse_identical_ranks, width});
           },
-          "path"_a, "title"_a = "cocemu");
+          "path"_a, "title"_a = "cocemu", py::kw_only(), "span_ns"_a = 0,
+          "collapse_identical_ranks"_a = true, "width"_a = 1600.0);
 
   // Symmetric memory --------------------------------------------------------------------------
   py::class_<SymmetricHandle>(m, "SymmetricBuffer",

@@ -340,6 +340,8 @@ def test_run_result_outputs(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     r.write_svg(str(tmp_path / "t.svg"), "title")
     assert "title" in (tmp_path / "t.svg").read_text()
+    assert r.svg("t", span_ns=2 * r.makespan_ns) != r.svg("t")  # a longer axis
+    assert r.svg("t", collapse_identical_ranks=False) != r.svg("t")
     assert r.chrome_trace() == r.chrome_trace()  # modeled only: deterministic
     assert "wall" in r.chrome_trace(include_wall=True)
 

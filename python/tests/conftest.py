@@ -25,10 +25,25 @@ def run_binary(path, cwd, timeout=300):
     return p.stdout
 
 
+def build_dir():
+    """The build tree whose module runs (ctest sets COCEMU_BUILD_DIR)."""
+    d = os.environ.get("COCEMU_BUILD_DIR")
+    if not d:
+        pytest.skip("COCEMU_BUILD_DIR is not set (ctest sets it)")
+    return d
+
+
 @pytest.fixture
 def example_bin():
-    """The build tree's C++ examples (examples/CMakeLists.txt), given by ctest."""
-    d = os.environ.get("COCEMU_EXAMPLE_BIN_DIR")
-    if not d:
-        pytest.skip("COCEMU_EXAMPLE_BIN_DIR is not set (ctest sets it)")
-    return lambda name: os.path.join(d, f"example_{name}")
+    """The build tree's C++ examples (examples/CMakeLists.txt)."""
+    d = build_dir()
+    return lambda name: os.path.join(d, "examples", f"example_{name}")
+
+
+@pytest.fixture
+def docs_examples():
+    """The C++ examples docs/ shows, as built by tests/CMakeLists.txt."""
+    path = os.path.join(build_dir(), "tests", "docs_examples")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not built")
+    return path

@@ -1,7 +1,9 @@
 """The README's examples: the issue's exact program, examples/python/*.py, and the same programs
 in C++ giving the same modeled timeline to the nanosecond (R-PY-4)."""
+import importlib.util
 import json
 import os
+import subprocess
 
 import numpy as np
 
@@ -60,3 +62,19 @@ def test_overlap_same_nanoseconds_as_cpp(tmp_path, example_bin):
     for c in range(1, 5):
         assert f"matmul[{c}/4]" in names
         assert any(n.startswith(f"all_gather[{c}/4]") for n in names)
+
+
+def test_overlap_unit_test_same_nanoseconds_as_the_cpp_one(docs_examples):
+    """examples/python/test_overlap.py, the Python twin of docs/examples/overlap_test.cpp."""
+    spec = importlib.util.spec_from_file_location(
+        "example_test_overlap", os.path.join(EXAMPLES, "python", "test_overlap.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.test_same_bits_as_serial()
+    serial, chunked = example.modeled_ns(1), example.modeled_ns(4)
+    assert chunked < serial
+    cpp = subprocess.run([docs_examples, "--gtest_filter=ChunkedMatmulAllReduce.*"],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert cpp.returncode == 0, cpp.stdout + cpp.stderr
+    assert f"modeled: serial {serial / 1e3:.1f} us, 4 chunks {chunked / 1e3:.1f} us" in cpp.stdout

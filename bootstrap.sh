@@ -20,7 +20,7 @@ cd "$(dirname "$0")"
 
 PKGS="build-essential cmake pkg-config libopenblas-dev libopenblas-pthread-dev libtbb-dev \
 libyaml-cpp-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev librsvg2-bin \
-python3-dev python3-numpy python3-pytest pybind11-dev"
+python3-dev python3-numpy python3-pytest pybind11-dev python3-torch"
 JOBS="${JOBS:-$(nproc)}"
 
 deps() {
@@ -63,7 +63,21 @@ case "${1:-}" in
     sudo=""
     mkdir -p "$prefix" 2>/dev/null || true
     [ -w "$prefix" ] || sudo="sudo"
-    $sudo cmake --install build --prefix "$prefix"
+    $sudo cmake --install build --prefix "$prefix" | { grep -v '^-- \(Up-to-date\|Installing\): ' || true; }
+    # Say how to reach what was installed: the CLI, and the Python package when Debian's python3
+    # does not look in the prefix's packages folder (any prefix but /usr and /usr/local).
+    echo "bootstrap: installed into $prefix: $prefix/bin/cocemu"
+    module=$(find "$prefix"/lib/python3* -maxdepth 3 -path '*-packages/cocemu/_cocemu*.so' 2>/dev/null | head -n1)
+    if [ -n "$module" ]; then
+      site=$(dirname "$(dirname "$module")")
+      if (cd / && /usr/bin/python3 -c "import cocemu, os, sys; \
+          sys.exit(os.path.realpath(cocemu.__file__).startswith(os.path.realpath('$site')) == 0)" \
+          2>/dev/null); then
+        echo "bootstrap: /usr/bin/python3 imports cocemu from $site"
+      else
+        echo "bootstrap: for import cocemu: export PYTHONPATH=$site"
+      fi
+    fi
     ;;
   tsan)
     deps

@@ -30,7 +30,12 @@ namespace fs = std::filesystem;
 
 /// The file holding this code: the shared object it was linked into (libcocemu.so, the Python
 /// module) or, when linked statically into a program, that program.
-fs::path code_location() {
+struct CodeLocation {
+  fs::path file;
+  bool program = false;  ///< linked statically into the main program (the build tree's archives)
+};
+
+CodeLocation code_location() {
   Dl_info info{};
   link_map* map = nullptr;
   static const int anchor = 0;
@@ -38,12 +43,12 @@ fs::path code_location() {
       map->l_name && map->l_name[0] != '\0') {
     std::error_code ec;
     fs::path p = fs::weakly_canonical(map->l_name, ec);
-    if (!ec) return p;
+    if (!ec) return {p, false};
   }
   // The main program's link map has an empty name (and dladdr would give argv[0]).
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path() : exe;
+  return {ec ? fs::path() : exe, true};
 }
 
 /// An installed layout: the file sits under <prefix>/bin, <prefix>/lib (or lib64, or
@@ -83,13 +88,19 @@ struct Located {
 };
 
 Located locate() {
-  const fs::path file = code_location();
+  const auto [file, program] = code_location();
   if (file.empty()) return {"", "cannot tell where this program is (/proc/self/exe is unreadable)"};
   if (auto d = installed_dir(file)) return {d->string(), ""};
   if (is_inside(file, COCEMU_BUILD_DIR)) return {COCEMU_SOURCE_CONFIG_DIR, ""};
+  // A program of one's own linked to the build tree's static libraries (only the shared library
+  // is installed) reads the configs of the source tree it was built from, while that exists.
+  std::error_code ec;
+  if (program && fs::is_directory(fs::path(COCEMU_SOURCE_CONFIG_DIR) / "devices", ec))
+    return {COCEMU_SOURCE_CONFIG_DIR, ""};
   return {"",
           fmt::format("'{}' is neither installed (beside <prefix>/{}/cocemu, under <prefix>/bin "
-                      "or <prefix>/lib) nor in cocemu's build tree '{}'",
+                      "or <prefix>/lib), nor in cocemu's build tree '{}', nor a program linked "
+                      "to the static libraries of a source tree that still has its configs",
                       file.string(), COCEMU_INSTALL_DATADIR, COCEMU_BUILD_DIR)};
 }
 

@@ -2,10 +2,15 @@
 # Installs what cocemu needs on Debian 12 (if missing), builds it, and runs it.
 #
 #   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu bench
-#   ./bootstrap.sh test   install, build (Release) and run every test with ctest
+#   ./bootstrap.sh test   install, build (Release) and run every test with ctest (the C++ tests,
+#                         the Python module's pytest tests, label python, and the install test)
+#   ./bootstrap.sh install [PREFIX]
+#                         build (Release) and install into PREFIX (default /usr/local): headers,
+#                         libcocemu.so, the cocemu CLI, configs in PREFIX/share/cocemu, the CMake
+#                         package and pkg-config file, and `import cocemu` for /usr/bin/python3
 #   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime, collectives, attention, layers
 #                         and bench tests
-#   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every test
+#   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every C++ test
 #   ./bootstrap.sh fuzz   libFuzzer targets (clang): each parser fuzzed for FUZZ_SECONDS (30)
 #   ./bootstrap.sh avx2   on a CPU with AVX-512, also builds det_gemm's AVX2 kernel (the one a CPU
 #                         without AVX-512 runs) and runs its tests
@@ -14,7 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PKGS="build-essential cmake pkg-config libopenblas-dev libopenblas-pthread-dev libtbb-dev \
-libyaml-cpp-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev librsvg2-bin"
+libyaml-cpp-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev librsvg2-bin \
+python3-dev python3-numpy python3-pytest pybind11-dev python3-torch"
 JOBS="${JOBS:-$(nproc)}"
 
 deps() {
@@ -50,8 +56,36 @@ case "${1:-}" in
     build build
     ctest --test-dir build -j "$JOBS" --output-on-failure --timeout 600
     ;;
+  install)
+    deps
+    build build
+    prefix="${2:-/usr/local}"
+    sudo=""
+    mkdir -p "$prefix" 2>/dev/null || true
+    [ -w "$prefix" ] || sudo="sudo"
+    $sudo cmake --install build --prefix "$prefix" | { grep -v '^-- \(Up-to-date\|Installing\): ' || true; }
+    # Say how to reach what was installed: the CLI, and the Python package when Debian's python3
+    # does not look in the prefix's packages folder (any prefix but /usr and /usr/local).
+    echo "bootstrap: installed into $prefix: $prefix/bin/cocemu"
+    module=$(find "$prefix"/lib/python3* -maxdepth 3 -path '*-packages/cocemu/_cocemu*.so' 2>/dev/null | head -n1)
+    if [ -n "$module" ]; then
+      site=$(dirname "$(dirname "$module")")
+      if (cd / && /usr/bin/python3 -c "import cocemu, os, sys; \
+          sys.exit(os.path.realpath(cocemu.__file__).startswith(os.path.realpath('$site')) == 0)" \
+          2>/dev/null); then
+        echo "bootstrap: /usr/bin/python3 imports cocemu from $site"
+      else
+        echo "bootstrap: for import cocemu: export PYTHONPATH=$site"
+      fi
+    fi
+    ;;
   tsan)
     deps
+    # Sanitizer builds leave out the Python module and its tests, and the install test: a
+    # sanitized extension or library needs the sanitizer's runtime loaded before anything else
+    # (LD_PRELOAD into python3 and every program linking libcocemu.so), and then reports the
+    # interpreter's own allocations and threads. They test the C++ libraries; the Release build
+    # (`test`) tests the module and the package.
     build build-tsan -DCOCEMU_SANITIZE=thread
     # The `plan` tests are not run here: Debian's libtbb is not built with TSan, so its
     # scheduler's synchronisation (task stealing, its small-object pool, joins) is invisible and
@@ -117,7 +151,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,10p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
     ;;
 esac

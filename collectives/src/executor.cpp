@@ -18,7 +18,7 @@ template <class A>
 struct Sum {
   static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>)  // wrap like the device does, without signed overflow
-      return A(std::uint32_t(a) + std::uint32_t(b));
+      return A(std::make_unsigned_t<A>(a) + std::make_unsigned_t<A>(b));
     else
       return a + b;
   }
@@ -27,7 +27,7 @@ template <class A>
 struct Prod {
   static A apply(A a, A b) {
     if constexpr (std::is_integral_v<A>)
-      return A(std::uint32_t(a) * std::uint32_t(b));
+      return A(std::make_unsigned_t<A>(a) * std::make_unsigned_t<A>(b));
     else
       return a * b;
   }

@@ -28,12 +28,18 @@ const char* descr_of(DType t) {
       return "|i1";
     case DType::f16:
       return "<f2";
+    case DType::i64:
+      return "<i8";
+    case DType::u8:
+      return "|u1";
+    case DType::boolean:
+      return "|b1";
     case DType::bf16:
       break;
   }
   COCEMU_FAIL(Errc::invalid_argument,
               "write_npy: dtype {} has no NumPy equivalent; allowed: f32, "
-              "f64, f16, i32, i8",
+              "f64, f16, i32, i8, i64, u8, bool",
               name_of(t));
 }
 }  // namespace
@@ -199,11 +205,14 @@ Tensor parse_npy(std::string_view bytes, const std::string& name) {
     t = DType::i32;
   else if (h.descr == "<f2")
     t = DType::f16;
+  else if (h.descr == "<i8")
+    t = DType::i64;
   else if (h.descr == "|i1" || h.descr == "|u1" || h.descr == "|b1")
-    t = DType::i8;
+    t = DType::i8;  // masks: read as i8 whichever of the three wrote them
   else
     COCEMU_FAIL(Errc::invalid_argument,
-                "'{}': dtype '{}' is not supported; allowed: <f4, <f8, <f2, <i4, |i1, |u1, |b1",
+                "'{}': dtype '{}' is not supported; allowed: <f4, <f8, <f2, <i4, <i8, |i1, |u1, "
+                "|b1",
                 name, h.descr);
   // The data must be exactly what the shape declares: checked before anything is allocated.
   std::uint64_t elems = 1;

@@ -12,10 +12,6 @@
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/names.h"
 
-#ifndef COCEMU_SOURCE_CONFIG_DIR
-#define COCEMU_SOURCE_CONFIG_DIR "configs"
-#endif
-
 namespace cocemu {
 
 double DeviceProfile::peak(DType t) const {
@@ -432,11 +428,6 @@ DeviceProfile DeviceProfile::scaled(const std::string& key, double factor) const
 
 DeviceProfile load_device_profile(const std::string& path) {
   return parse_device_profile(read_profile_file(path), path);
-}
-
-std::string config_dir() {
-  if (const char* d = std::getenv("COCEMU_CONFIG_DIR")) return d;
-  return COCEMU_SOURCE_CONFIG_DIR;
 }
 
 DeviceProfile load_named_profile(const std::string& name) {

@@ -21,8 +21,11 @@ DType parse_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
   if (s == "i8" || s == "int8") return DType::i8;
   if (s == "i32" || s == "int32") return DType::i32;
-  COCEMU_FAIL(Errc::invalid_argument, "unknown dtype '{}'; allowed: f32, f64, f16, bf16, i8, i32",
-              s);
+  if (s == "i64" || s == "int64") return DType::i64;
+  if (s == "u8" || s == "uint8") return DType::u8;
+  if (s == "bool") return DType::boolean;
+  COCEMU_FAIL(Errc::invalid_argument,
+              "unknown dtype '{}'; allowed: f32, f64, f16, bf16, i8, i32, i64, u8, bool", s);
 }
 
 Shape::Shape(std::initializer_list<std::int64_t> dims)
@@ -152,6 +155,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
 
 Tensor Tensor::shape_only(const Shape& shape, DType dtype) {
   Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.dtype_set_ = true;
+  return t;
+}
+
+Tensor Tensor::wrap(std::shared_ptr<std::byte[]> storage, std::size_t offset_bytes,
+                    const Shape& shape, DType dtype) {
+  COCEMU_CHECK_ARG(storage != nullptr, "Tensor::wrap of {}[{}] without storage", name_of(dtype),
+                   shape.str());
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.offset_bytes_ = offset_bytes;
   t.shape_ = shape;
   t.dtype_ = dtype;
   t.dtype_set_ = true;

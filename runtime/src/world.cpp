@@ -600,11 +600,12 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
     try {
       std::rethrow_exception(e);
     } catch (const Error& err) {
-      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.what()));
+      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.what()), r);
     } catch (const std::exception& ex) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()));
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()), r);
     } catch (...) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r));
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r),
+                  r);
     }
   }
   RunResult result;

@@ -1,6 +1,8 @@
 #pragma once
 /// Element types. f16 and bf16 are storage types: arithmetic converts them to f32, accumulates in
-/// f32 and rounds once when storing (round-to-nearest-even, NaN and Inf preserved).
+/// f32 and rounds once when storing (round-to-nearest-even, NaN and Inf preserved). Integers
+/// accumulate in i32 (i64 in i64) and wrap like the device's; `boolean` (PyTorch's bool, one
+/// byte 0 or 1) reduces as NCCL does: sum and max are a logical or, prod and min a logical and.
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +10,7 @@
 
 namespace cocemu {
 
-enum class DType : std::uint8_t { f32, f64, f16, bf16, i8, i32 };
+enum class DType : std::uint8_t { f32, f64, f16, bf16, i8, i32, i64, u8, boolean };
 
 constexpr std::size_t size_of(DType t) {
   switch (t) {
@@ -24,6 +26,11 @@ constexpr std::size_t size_of(DType t) {
       return 1;
     case DType::i32:
       return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+    case DType::boolean:
+      return 1;
   }
   return 0;
 }
@@ -42,15 +49,21 @@ constexpr std::string_view name_of(DType t) {
       return "i8";
     case DType::i32:
       return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
+    case DType::boolean:
+      return "bool";
   }
   return "?";
 }
 
 constexpr bool is_floating(DType t) {
-  return t != DType::i8 && t != DType::i32;
+  return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
 }
 
-/// Parses "f32", "float32", "bf16" …; throws a clear error for anything else.
+/// Parses "f32", "float32", "bf16", "i64", "bool" …; throws a clear error for anything else.
 DType parse_dtype(std::string_view text);
 
 /// IEEE 754 binary16, stored as bits.
@@ -140,6 +153,18 @@ template <>
 constexpr DType dtype_of<std::int32_t>() {
   return DType::i32;
 }
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<std::uint8_t>() {
+  return DType::u8;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::boolean;
+}
 
 /// Calls `fn(T{})` with the C++ type matching `t`.
 template <class Fn>
@@ -157,12 +182,18 @@ decltype(auto) visit_dtype(DType t, Fn&& fn) {
       return fn(std::int8_t{});
     case DType::i32:
       return fn(std::int32_t{});
+    case DType::i64:
+      return fn(std::int64_t{});
+    case DType::u8:
+      return fn(std::uint8_t{});
+    case DType::boolean:
+      return fn(bool{});
   }
   return fn(float{});
 }
 
-/// The accumulation type of reductions and matmuls: f32 for 16-bit floats, f64 for f64,
-/// i32 for integers.
+/// The accumulation type of reductions and matmuls: f32 for 16-bit floats, f64 for f64, i64 for
+/// i64, i32 for the other integers and bool.
 template <class T>
 struct acc_type {
   using type = float;
@@ -177,6 +208,18 @@ struct acc_type<std::int8_t> {
 };
 template <>
 struct acc_type<std::int32_t> {
+  using type = std::int32_t;
+};
+template <>
+struct acc_type<std::int64_t> {
+  using type = std::int64_t;
+};
+template <>
+struct acc_type<std::uint8_t> {
+  using type = std::int32_t;
+};
+template <>
+struct acc_type<bool> {
   using type = std::int32_t;
 };
 template <class T>

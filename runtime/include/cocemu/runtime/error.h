@@ -24,11 +24,15 @@ const char* to_string(Errc code);
 
 class Error : public std::runtime_error {
  public:
-  Error(Errc code, std::string message) : std::runtime_error(std::move(message)), code_(code) {}
+  Error(Errc code, std::string message, int rank = -1)
+      : std::runtime_error(std::move(message)), code_(code), rank_(rank) {}
   Errc code() const { return code_; }
+  /// The rank whose failure this is, when `run` rethrows a rank's failure; -1 otherwise.
+  int rank() const { return rank_; }
 
  private:
   Errc code_;
+  int rank_ = -1;
 };
 
 namespace detail {

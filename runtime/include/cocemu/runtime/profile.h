@@ -121,8 +121,10 @@ struct DeviceProfile {
 DeviceProfile parse_device_profile(const std::string& yaml_text, const std::string& origin);
 DeviceProfile load_device_profile(const std::string& path);
 
-/// Directory of the shipped configs: `COCEMU_CONFIG_DIR` from the environment, else the source
-/// tree's `configs/`.
+/// Directory of the shipped configs: `COCEMU_CONFIG_DIR` from the environment if set; else, for
+/// an installed program or library (`<prefix>/bin`, `<prefix>/lib…`, the Python module), its
+/// prefix's `share/cocemu`; else, for a program of the build tree, the source tree's `configs/`.
+/// Throws if none applies, naming where the code lives.
 std::string config_dir();
 /// Loads `configs/devices/<name>.yaml` (or a path, if `name_or_path` contains a '/' or ends in
 /// .yaml).

@@ -51,6 +51,11 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype);
   /// A tensor with a shape and dtype but no storage (dry-run mode).
   static Tensor shape_only(const Shape& shape, DType dtype);
+  /// A tensor over memory it did not allocate (a NumPy array's, say): `storage` keeps that memory
+  /// alive (typically an aliasing shared_ptr onto its owner) and the elements start
+  /// `offset_bytes` into it. The caller guarantees numel·size_of(dtype) bytes there.
+  static Tensor wrap(std::shared_ptr<std::byte[]> storage, std::size_t offset_bytes,
+                     const Shape& shape, DType dtype);
   /// Copies `values` (converted from T) into a new tensor of `dtype`.
   template <class T>
   static Tensor from(const Shape& shape, std::span<const T> values, DType dtype = dtype_of<T>());
@@ -64,6 +69,10 @@ class Tensor {
   std::int64_t numel() const { return shape_.numel(); }
   std::size_t nbytes() const { return std::size_t(numel()) * size_of(dtype_); }
 
+  /// The storage shared by this tensor and its views (null for shape-only tensors), and where
+  /// this tensor's elements start in it: what a view in another language needs to keep it alive.
+  const std::shared_ptr<std::byte[]>& storage() const { return storage_; }
+  std::size_t offset_bytes() const { return offset_bytes_; }
   /// Raw element storage; throws for shape-only tensors.
   void* raw() const;
   /// Typed element pointer; throws if T does not match the dtype.

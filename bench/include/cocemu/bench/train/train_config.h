@@ -14,7 +14,10 @@
 #include <vector>
 
 #include "cocemu/bench/train/train_report.h"
-#include "cocemu/runtime/detail/yaml_reader.h"
+
+namespace cocemu::detail {
+class YamlReader;  // runtime's internal YAML reader (detail/yaml_reader.h), not installed
+}
 
 namespace cocemu::bench {
 

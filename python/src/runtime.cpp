@@ -1,0 +1,837 @@
+// Bindings of the runtime library: run and its result, ranks, streams, events, tensors as NumPy
+// arrays, device profiles and the cost model, symmetric memory.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include <pybind11/numpy.h>
+
+#include "cocemu/runtime/cost_model.h"
+#include "cocemu/runtime/profile.h"
+#include "cocemu/runtime/symmetric.h"
+#include "cocemu/runtime/trace.h"
+#include "common.h"
+
+namespace cocemu::python {
+
+namespace {
+
+using namespace pybind11::literals;
+
+// ---------------------------------------------------------------------------------------------
+// run
+
+/// A rank thread: runs fn(rank) with the GIL held; a Python exception unwinds the world.
+void rank_main(Rank& rank, const py::function& fn, const SessionPtr& session,
+               std::vector<PyObject*>& returns) {
+  py::gil_scoped_acquire gil;
+  release_pending();
+  try {
+    py::object handle = py::cast(RankHandle{&rank, session, {}, {}});
+    CurrentRank current(handle.ptr());
+    py::object r = fn(handle);
+    returns[std::size_t(rank.id())] = r.release().ptr();
+  } catch (py::error_already_set& e) {
+    rethrow_python(e, *session, rank.id());
+  }
+}
+
+/// Re-raises `exception` (a rank's own Python exception) in the caller, the rank attached.
+[[noreturn]] void reraise_rank_exception(py::object exception, int rank) {
+  if (PyObject_SetAttrString(exception.ptr(), "rank", py::int_(rank).ptr()) < 0) PyErr_Clear();
+  if (py::hasattr(exception, "add_note"))
+    exception.attr("add_note")(fmt::format("(raised on cocemu rank {})", rank));
+  PyObject* tb = PyException_GetTraceback(exception.ptr());  // new reference or null
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr()));
+  Py_INCREF(type);
+  PyErr_Restore(type, exception.release().ptr(), tb);
+  throw py::error_already_set();
+}
+
+py::object run(int n_ranks, const py::function& fn, py::handle profile, bool deterministic,
+               std::optional<std::uint64_t> schedule_seed, bool dry_run,
+               std::optional<double> timeout_s, bool record_wall_times) {
+  WorldOptions o;
+  o.n_ranks = n_ranks;
+  o.profile = profile_arg(profile);
+  o.numerics = !dry_run;
+  o.deterministic = deterministic;
+  if (schedule_seed) o.schedule_seed = *schedule_seed;
+  if (timeout_s) {
+    COCEMU_CHECK_ARG(std::isfinite(*timeout_s) && *timeout_s > 0,
+                     "run: timeout_s = {} must be a positive number of seconds", *timeout_s);
+    o.timeout =
+        std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(*timeout_s * 1e3)));
+  }
+  o.record_wall_times = record_wall_times;
+  const std::size_t n = std::size_t(std::clamp(n_ranks, 0, 1 << 16));
+  auto session = std::make_shared<Session>();
+  session->failures.assign(n, nullptr);
+  std::vector<PyObject*> returns(n, nullptr);
+  std::optional<RunResult> result;
+  std::exception_ptr error;
+  {
+    py::gil_scoped_release nogil;
+    try {
+      result = cocemu::run(o, [&](Rank& rank) { rank_main(rank, fn, session, returns); });
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  session->alive.store(false, std::memory_order_release);
+  release_pending();
+  py::list values;
+  for (PyObject* r : returns)
+    values.append(r ? py::reinterpret_steal<py::object>(r) : py::none());
+  int failed_rank = -1;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      if (e.code() == Errc::rank_exception) failed_rank = e.rank();
+    } catch (...) {
+    }
+  }
+  py::object exception;
+  for (std::size_t r = 0; r < session->failures.size(); ++r) {
+    PyObject* f = std::exchange(session->failures[r], nullptr);
+    if (f && int(r) == failed_rank)
+      exception = py::reinterpret_steal<py::object>(f);
+    else
+      Py_XDECREF(f);
+  }
+  if (exception) reraise_rank_exception(std::move(exception), failed_rank);
+  if (error) std::rethrow_exception(error);
+  PyRunResult out{std::make_shared<const RunResult>(std::move(*result)), std::move(values)};
+  return py::cast(std::move(out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops and the result
+
+/// One op of a finished run, with its modeled times.
+struct OpInfo {
+  int rank = 0, lane = 0;
+  std::uint32_t index = 0;
+  std::string lane_name, name, kind, segment, detail;
+  std::int64_t start_ns = 0, end_ns = 0;
+  double work_ns = 0;
+  std::uint64_t bytes = 0, flops = 0;
+  std::int64_t seq = -1, wall_start_ns = -1, wall_end_ns = -1;
+};
+
+const RunResult& result_of(const PyRunResult& r) {
+  return *r.result;
+}
+
+OpInfo op_info(const RunResult& r, OpRef ref) {
+  COCEMU_CHECK_ARG(ref.rank >= 0 && ref.rank < int(r.graph.ranks.size()),
+                   "op ({}, {}): rank out of range 0..{}", ref.rank, ref.index,
+                   int(r.graph.ranks.size()) - 1);
+  const RankGraph& g = r.graph.ranks[std::size_t(ref.rank)];
+  COCEMU_CHECK_ARG(ref.index < g.ops.size(), "op ({}, {}): rank {} recorded {} ops", ref.rank,
+                   ref.index, ref.rank, g.ops.size());
+  const OpRecord& op = g.ops[ref.index];
+  const ScheduledOp& t = r.timeline.at(ref);
+  OpInfo i;
+  i.rank = op.rank;
+  i.lane = op.lane;
+  i.index = op.index;
+  i.lane_name = std::size_t(op.lane) < g.lane_names.size() ? g.lane_names[std::size_t(op.lane)]
+                                                           : std::string();
+  i.name = op.name;
+  i.kind = to_string(op.cls);
+  i.segment = op.segment;
+  i.detail = op_detail(op);
+  i.start_ns = t.start_ns;
+  i.end_ns = t.end_ns;
+  i.work_ns = op.work_ns;
+  i.bytes = op.bytes;
+  i.flops = op.flops;
+  i.seq = op.seq;
+  i.wall_start_ns = op.wall_start_ns;
+  i.wall_end_ns = op.wall_end_ns;
+  return i;
+}
+
+OpRef event_ref(const EventHandle& e, const char* call) {
+  COCEMU_CHECK_ARG(e.event.op().valid(),
+                   "{}: the event completes with no op (its stream was "
+                   "empty when it was recorded)",
+                   call);
+  return e.event.op();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream launches
+
+/// The modeled duration of a launched op: `work_ns` as given, else the roofline of `flops` at the
+/// profile's large-GEMM rate and `bytes` at its memory bandwidth, at least the shortest kernel.
+double launch_cost(const DeviceProfile& p, std::optional<double> work_ns,
+                   std::optional<double> flops, std::optional<double> bytes, DType dtype) {
+  const auto check = [](const char* what, std::optional<double> v) {
+    COCEMU_CHECK_ARG(!v || (std::isfinite(*v) && *v >= 0),
+                     "Stream.launch: {} = {} must be a finite number >= 0", what, *v);
+  };
+  check("work_ns", work_ns);
+  check("flops", flops);
+  check("bytes", bytes);
+  if (work_ns) return *work_ns;
+  if (!flops && !bytes) return 0;
+  double ns = p.kernel_min_ns;
+  if (flops) ns = std::max(ns, *flops / (p.peak(dtype) * p.gemm.max_efficiency) * 1e9);
+  if (bytes) ns = std::max(ns, memory_ns(p, std::uint64_t(*bytes)));
+  return ns;
+}
+
+OpClass op_class(const std::string& kind) {
+  if (kind == "compute") return OpClass::compute;
+  if (kind == "comm") return OpClass::comm;
+  COCEMU_FAIL(Errc::invalid_argument, "Stream.launch: kind '{}' is unknown; allowed: compute, comm",
+              kind);
+}
+
+LaunchKind launch_kind(const std::string& launch) {
+  if (launch == "kernel") return LaunchKind::kernel;
+  if (launch == "fused") return LaunchKind::fused;
+  if (launch == "none") return LaunchKind::none;
+  COCEMU_FAIL(Errc::invalid_argument, "launch '{}' is unknown; allowed: kernel, fused, none",
+              launch);
+}
+
+OpRef launch(StreamHandle& h, const std::string& name, py::handle fn, std::optional<double> work_ns,
+             std::optional<double> flops, std::optional<double> bytes, py::handle dtype,
+             const std::string& kind, const std::string& launch,
+             std::optional<std::string> segment) {
+  Stream& s = h.host("Stream.launch");
+  Rank& rank = s.rank();
+  OpSpec spec;
+  spec.name = name;
+  spec.cls = op_class(kind);
+  spec.launch = launch_kind(launch);
+  spec.work_ns = launch_cost(rank.profile(), work_ns, flops, bytes, dtype_arg(dtype));
+  spec.flops = flops ? std::uint64_t(*flops) : 0;
+  spec.bytes = bytes ? std::uint64_t(*bytes) : 0;
+  std::function<void()> body;
+  if (!fn.is_none()) {
+    COCEMU_CHECK_ARG(PyCallable_Check(fn.ptr()), "Stream.launch('{}'): fn must be callable, got {}",
+                     name, Py_TYPE(fn.ptr())->tp_name);
+    body = [callable = hold(fn), session = h.session, r = rank.id()] {
+      py::gil_scoped_acquire gil;
+      try {
+        py::handle(static_cast<PyObject*>(callable.get()))();
+      } catch (py::error_already_set& e) {
+        rethrow_python(e, *session, r);
+      }
+    };
+  }
+  if (!segment) return s.launch(std::move(spec), std::move(body));
+  const std::string previous = rank.segment();
+  rank.set_segment(*segment);
+  const OpRef ref = s.launch(std::move(spec), std::move(body));
+  rank.set_segment(previous);
+  return ref;
+}
+
+EventHandle record(StreamHandle& h) {
+  Stream& s = h.host("Stream.record");
+  return EventHandle{s.record(), h.session, &s.rank()};
+}
+
+void wait_event(StreamHandle& h, const EventHandle& e) {
+  Stream& s = h.host("Stream.wait");
+  if (!e.session) return;
+  COCEMU_CHECK_ARG(e.session == h.session,
+                   "Stream.wait: the event belongs to another cocemu.run than the stream");
+  s.wait(e.event);
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 conversions
+
+py::array_t<std::uint16_t> to_bf16_array(
+    const py::array_t<float, py::array::c_style | py::array::forcecast>& x) {
+  py::array_t<std::uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  const float* in = x.data();
+  std::uint16_t* o = out.mutable_data();
+  for (py::ssize_t i = 0; i < x.size(); ++i)
+    o[i] = to_bf16(in[i]).bits;
+  return out;
+}
+
+py::array_t<float> from_bf16_array(const py::array_t<std::uint16_t, py::array::c_style>& x) {
+  py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  const std::uint16_t* in = x.data();
+  float* o = out.mutable_data();
+  for (py::ssize_t i = 0; i < x.size(); ++i)
+    o[i] = to_float(bf16{in[i]});
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Symmetric memory
+
+struct SymmetricHandle {
+  SymmetricBuffer buffer;
+  SessionPtr session;
+  const SymmetricBuffer& get(const char* call) const {
+    session->check(call);
+    return buffer;
+  }
+};
+
+std::pair<const std::byte*, std::size_t> byte_span(py::handle array, const char* what,
+                                                   Access access) {
+  const Tensor t = tensor_arg(array, what, access);
+  return {static_cast<const std::byte*>(t.raw()), t.nbytes()};
+}
+
+py::object symmetric_view(const SymmetricHandle& h, int team_rank, const char* call) {
+  const SymmetricBuffer& b = h.get(call);
+  COCEMU_CHECK_ARG(team_rank >= 0 && team_rank < b.team_size(),
+                   "{}: team rank {} out of range 0..{}", call, team_rank, b.team_size() - 1);
+  std::byte* p = b.peer(team_rank);
+  COCEMU_CHECK_ARG(p != nullptr,
+                   "{}: a dry run's symmetric memory has no storage (only op bodies, which dry "
+                   "runs skip, may touch it)",
+                   call);
+  return byte_view(p, b.bytes(), std::make_shared<SymmetricBuffer>(b));
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m, Classes& classes) {
+  // Tensors ----------------------------------------------------------------------------------
+  py::class_<Tensor>(m, "Tensor",
+                     "A cocemu tensor: shape-only in dry runs (no storage); a NumPy view of "
+                     "its storage otherwise (Tensor.numpy()).")
+      .def_static(
+          "zeros",
+          [](py::handle shape, py::handle dtype) {
+            return Tensor::zeros(shape_arg(shape), dtype_arg(dtype));
+          },
+          "shape"_a, "dtype"_a = "f32")
+      .def_static(
+          "shape_only",
+          [](py::handle shape, py::handle dtype) {
+            return Tensor::shape_only(shape_arg(shape), dtype_arg(dtype));
+          },
+          "shape"_a, "dtype"_a = "f32")
+      .def_static(
+          "from_numpy",
+          [](py::handle array) { return tensor_arg(array, "Tensor.from_numpy", Access::write); },
+          "array"_a, "The array as a tensor, sharing its memory (no copy).")
+      .def_property_readonly("shape",
+                             [](const Tensor& t) {
+                               py::tuple s(t.ndim());
+                               for (int d = 0; d < t.ndim(); ++d)
+                                 s[std::size_t(d)] = t.size(d);
+                               return s;
+                             })
+      .def_property_readonly("dtype",
+                             [](const Tensor& t) { return std::string(name_of(t.dtype())); })
+      .def_property_readonly("ndim", &Tensor::ndim)
+      .def_property_readonly("numel", &Tensor::numel)
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def_property_readonly("has_data", &Tensor::has_data)
+      .def("numpy",
+           [](const Tensor& t) {
+             COCEMU_CHECK_ARG(t.has_data(), "Tensor.numpy: {} has no storage (dry run)",
+                              t.describe());
+             return to_python(t);
+           })
+      .def("rows", &Tensor::rows, "begin"_a, "end"_a)
+      .def(
+          "__getitem__",
+          [](const Tensor& t, const py::slice& rows) {
+            COCEMU_CHECK_ARG(t.ndim() >= 1, "Tensor[...]: {} has no rows", t.describe());
+            std::size_t start = 0, stop = 0, step = 0, length = 0;
+            if (!rows.compute(std::size_t(t.size(0)), &start, &stop, &step, &length))
+              throw py::error_already_set();
+            COCEMU_CHECK_ARG(step == 1 || length <= 1,
+                             "Tensor[...]: a slice of rows with step {}; views are contiguous "
+                             "row ranges",
+                             step);
+            return t.rows(std::int64_t(start), std::int64_t(start + length));
+          },
+          "rows"_a, "Rows of dimension 0 as a view: t[a:b] (as a NumPy array's).")
+      .def("__len__", [](const Tensor& t) { return t.ndim() >= 1 ? t.size(0) : 0; })
+      .def("flat", &Tensor::flat, "begin"_a, "end"_a)
+      .def("reshape", [](const Tensor& t, py::handle shape) { return t.reshape(shape_arg(shape)); })
+      .def("__repr__", [](const Tensor& t) { return "cocemu.Tensor(" + t.describe() + ")"; });
+
+  m.def("to_bf16", &to_bf16_array, "x"_a,
+        "bf16 values of `x` (converted to float32 first), rounded to nearest even, as the uint16 "
+        "array cocemu uses for bf16 (NumPy has no bfloat16).");
+  m.def("from_bf16", &from_bf16_array, "x"_a,
+        "The float32 values of a uint16 array holding bf16 (exact).");
+  m.def(
+      "numpy_dtype", [](py::handle dtype) { return numpy_dtype(dtype_arg(dtype)); }, "dtype"_a,
+      "The NumPy dtype that holds cocemu's `dtype` (uint16 for bf16).");
+
+  // Profiles and the cost model ---------------------------------------------------------------
+  py::class_<ProfileHandle>(m, "Profile", "A device profile (configs/devices/<name>.yaml).")
+      .def_property_readonly("name", [](const ProfileHandle& p) { return p.profile->name; })
+      .def_property_readonly("source", [](const ProfileHandle& p) { return p.profile->source; })
+      .def(
+          "peak_flops",
+          [](const ProfileHandle& p, py::handle dtype) {
+            return p.profile->peak(dtype_arg(dtype));
+          },
+          "dtype"_a = "bf16")
+      .def_property_readonly("memory_bandwidth",
+                             [](const ProfileHandle& p) { return p.profile->memory_bandwidth; })
+      .def_property_readonly("memory_capacity",
+                             [](const ProfileHandle& p) { return p.profile->memory_capacity; })
+      .def_property_readonly("kernel_min_ns",
+                             [](const ProfileHandle& p) { return p.profile->kernel_min_ns; })
+      .def_property_readonly("launch_overhead_ns",
+                             [](const ProfileHandle& p) { return p.profile->launch_overhead_ns; })
+      .def_property_readonly(
+          "fused_launch_overhead_ns",
+          [](const ProfileHandle& p) { return p.profile->fused_launch_overhead_ns; })
+      .def_property_readonly(
+          "devices_per_node",
+          [](const ProfileHandle& p) { return p.profile->topology.devices_per_node; })
+      .def_property_readonly("contention",
+                             [](const ProfileHandle& p) {
+                               return py::dict(
+                                   "compute_slowdown"_a = p.profile->contention.compute_slowdown,
+                                   "comm_slowdown"_a = p.profile->contention.comm_slowdown);
+                             })
+      .def_property_readonly("assumptions",
+                             [](const ProfileHandle& p) { return p.profile->assumptions; })
+      .def("scalable_keys", [](const ProfileHandle& p) { return p.profile->scalable_keys(); })
+      .def(
+          "scaled",
+          [](const ProfileHandle& p, const std::string& key, double factor) {
+            return ProfileHandle{
+                std::make_shared<const DeviceProfile>(p.profile->scaled(key, factor))};
+          },
+          "key"_a, "factor"_a)
+      .def("__repr__", [](const ProfileHandle& p) {
+        return fmt::format("cocemu.Profile('{}')", p.profile->name);
+      });
+  m.def(
+      "load_profile", [](py::handle p) { return ProfileHandle{profile_arg(p)}; },
+      "name_or_path"_a = "ascend-910b",
+      "A device profile by name (configs/devices/<name>.yaml) or YAML path.");
+  m.def("config_dir", &config_dir,
+        "The folder of the shipped configs (COCEMU_CONFIG_DIR, else found from where cocemu is "
+        "installed or built).");
+
+  const auto prof = [](py::handle p) { return profile_arg(p); };
+  m.def(
+      "gemm_ns",
+      [prof](py::handle p, std::int64_t m_, std::int64_t n, std::int64_t k, py::handle dtype,
+             bool trans_a, bool trans_b) {
+        return gemm_ns(*prof(p), m_, n, k, dtype_arg(dtype), {trans_a, trans_b});
+      },
+      "profile"_a, "m"_a, "n"_a, "k"_a, "dtype"_a = "bf16", "trans_a"_a = false,
+      "trans_b"_a = false, "Modeled ns of an [m, k]·[k, n] GEMM (cost_model.h).");
+  m.def(
+      "gemm_efficiency",
+      [prof](py::handle p, std::int64_t m_, std::int64_t n, std::int64_t k, py::handle dtype,
+             bool trans_a, bool trans_b) {
+        return gemm_efficiency(*prof(p), m_, n, k, dtype_arg(dtype), {trans_a, trans_b});
+      },
+      "profile"_a, "m"_a, "n"_a, "k"_a, "dtype"_a = "bf16", "trans_a"_a = false,
+      "trans_b"_a = false);
+  m.def(
+      "memory_ns", [prof](py::handle p, std::uint64_t bytes) { return memory_ns(*prof(p), bytes); },
+      "profile"_a, "bytes"_a, "Modeled ns of a memory-bound kernel moving `bytes`.");
+  m.def(
+      "launch_ns",
+      [prof](py::handle p, const std::string& kind) {
+        return launch_ns(*prof(p), launch_kind(kind));
+      },
+      "profile"_a, "kind"_a = "kernel", "Host cost of one launch: kernel, fused or none.");
+  m.def(
+      "attention_ns",
+      [prof](py::handle p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k, std::int64_t d,
+             py::handle dtype, double visible, bool backward) {
+        return attention_ns(*prof(p), heads, s_q, s_k, d, dtype_arg(dtype), visible, backward);
+      },
+      "profile"_a, "heads"_a, "s_q"_a, "s_k"_a, "d"_a, "dtype"_a = "bf16", "visible"_a = 1.0,
+      "backward"_a = false);
+  m.def(
+      "flash_attention_ns",
+      [prof](py::handle p, double flops, std::int64_t head_dim, py::handle dtype, double bytes,
+             double keys_per_row, bool backward) {
+        return flash_attention_ns(*prof(p), flops, head_dim, dtype_arg(dtype), bytes, keys_per_row,
+                                  backward);
+      },
+      "profile"_a, "flops"_a, "head_dim"_a, "dtype"_a, "bytes"_a, "keys_per_row"_a,
+      "backward"_a = false);
+  m.def(
+      "unfused_attention_ns",
+      [prof](py::handle p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k, std::int64_t d,
+             py::handle dtype, bool backward) {
+        return unfused_attention_ns(*prof(p), heads, s_q, s_k, d, dtype_arg(dtype), backward);
+      },
+      "profile"_a, "heads"_a, "s_q"_a, "s_k"_a, "d"_a, "dtype"_a = "bf16", "backward"_a = false);
+  m.def(
+      "overlapped_ns",
+      [prof](py::handle p, double compute_ns, double comm_ns) {
+        return overlapped_ns(compute_ns, comm_ns, prof(p)->contention);
+      },
+      "profile"_a, "compute_ns"_a, "comm_ns"_a,
+      "Time of a compute and a comm task started together on one rank, slowed by contention.");
+
+  // Streams and events ------------------------------------------------------------------------
+  py::class_<OpRef>(m, "OpRef", "One recorded op: its rank and index (RunResult.op looks it up).")
+      .def_readonly("rank", &OpRef::rank)
+      .def_readonly("index", &OpRef::index)
+      .def("__eq__", [](const OpRef& a, const OpRef& b) { return a == b; })
+      .def("__hash__", [](const OpRef& a) { return py::hash(py::make_tuple(a.rank, a.index)); })
+      .def("__repr__", [](const OpRef& a) {
+        return fmt::format("cocemu.OpRef(rank={}, index={})", a.rank, a.index);
+      });
+
+  py::class_<EventHandle>(m, "Event", "A point in a stream's sequence of ops (Stream.record).")
+      .def(py::init<>())
+      .def_property_readonly("valid", [](const EventHandle& e) { return e.event.valid(); })
+      .def_property_readonly("op",
+                             [](const EventHandle& e) -> py::object {
+                               if (!e.event.op().valid()) return py::none();
+                               return py::cast(e.event.op());
+                             })
+      .def("query",
+           [](const EventHandle& e) {
+             if (e.session) e.session->check("Event.query");
+             return e.event.query();
+           })
+      .def("synchronize", [](const EventHandle& e) {
+        if (!e.session) return;
+        e.session->check("Event.synchronize");
+        check_host_thread(*e.owner, "Event.synchronize");
+        py::gil_scoped_release nogil;
+        e.event.synchronize();
+      });
+
+  py::class_<StreamHandle>(m, "Stream",
+                           "An in-order queue of ops, asynchronous to the rank's host thread.")
+      .def_property_readonly("name",
+                             [](const StreamHandle& h) { return h.get("Stream.name").name(); })
+      .def_property_readonly("lane",
+                             [](const StreamHandle& h) { return h.get("Stream.lane").lane(); })
+      .def_property_readonly(
+          "rank_id", [](const StreamHandle& h) { return h.get("Stream.rank_id").rank().id(); })
+      .def("launch", &launch, "name"_a, "fn"_a = py::none(), py::kw_only(),
+           "work_ns"_a = py::none(), "flops"_a = py::none(), "bytes"_a = py::none(),
+           "dtype"_a = "bf16", "kind"_a = "compute", "launch"_a = "kernel",
+           "segment"_a = py::none(),
+           "Enqueues an op: `fn()` (if given) runs on the stream's thread after everything "
+           "enqueued before it (not at all in dry runs); it is modeled as `work_ns`, else as "
+           "`flops` at the profile's large-GEMM rate for `dtype` and `bytes` at its memory "
+           "bandwidth (the larger, at least the shortest kernel), else 0. Returns its OpRef.")
+      .def("record", &record, "Records an event after every op enqueued so far.")
+      .def("wait", &wait_event, "event"_a,
+           "Ops enqueued later start after `event` (the host does not block).")
+      .def(
+          "wait_stream", [](StreamHandle& h, StreamHandle& other) { wait_event(h, record(other)); },
+          "stream"_a, "Ops enqueued later start after everything enqueued on `stream` so far.")
+      .def("synchronize",
+           [](StreamHandle& h) {
+             Stream& s = h.host("Stream.synchronize");
+             py::gil_scoped_release nogil;
+             s.synchronize();
+           })
+      .def("query", [](const StreamHandle& h) { return h.get("Stream.query").query(); })
+      .def("__eq__",
+           [](const StreamHandle& a, const StreamHandle& b) { return a.stream == b.stream; })
+      .def("__hash__", [](const StreamHandle& a) { return std::hash<const void*>()(a.stream); })
+      .def("__repr__", [](const StreamHandle& h) {
+        if (!h.session->alive) return std::string("cocemu.Stream(<ended run>)");
+        return fmt::format("cocemu.Stream('{}', rank={})", h.stream->name(), h.stream->rank().id());
+      });
+
+  // Ranks -------------------------------------------------------------------------------------
+  const auto make = [](RankHandle& h, py::handle shape, py::handle dtype, bool zero) {
+    Rank& r = h.get("Rank.zeros");
+    const Shape s = shape_arg(shape);
+    const DType t = dtype_arg(dtype);
+    if (!r.numerics()) return py::cast(Tensor::shape_only(s, t));
+    return to_python(zero ? Tensor::zeros(s, t) : Tensor::empty(s, t));
+  };
+  classes.rank = std::make_unique<py::class_<RankHandle>>(
+      m, "Rank", "One rank of a run: its host thread, streams and world.");
+  (*classes.rank)
+      .def_property_readonly("id", [](const RankHandle& h) { return h.get("Rank.id").id(); })
+      .def_property_readonly(
+          "world_size", [](const RankHandle& h) { return h.get("Rank.world_size").world_size(); })
+      .def_property_readonly("numerics",
+                             [](const RankHandle& h) { return h.get("Rank.numerics").numerics(); })
+      .def_property_readonly(
+          "deterministic",
+          [](const RankHandle& h) { return h.get("Rank.deterministic").deterministic(); })
+      .def_property_readonly(
+          "profile",
+          [](const RankHandle& h) {
+            return ProfileHandle{h.get("Rank.profile").world().options().profile};
+          })
+      .def_property_readonly("compute_stream",
+                             [](RankHandle& h) {
+                               return stream_object(h,
+                                                    h.get("Rank.compute_stream").compute_stream());
+                             })
+      .def_property_readonly(
+          "comm_stream",
+          [](RankHandle& h) { return stream_object(h, h.get("Rank.comm_stream").comm_stream()); })
+      .def_property_readonly("current_stream",
+                             [](RankHandle& h) {
+                               return stream_object(h,
+                                                    h.get("Rank.current_stream").current_stream());
+                             })
+      .def(
+          "set_current_stream",
+          [](RankHandle& h, StreamHandle& s) {
+            Rank& r = h.host("Rank.set_current_stream");
+            COCEMU_CHECK_ARG(s.session == h.session && &s.stream->rank() == &r,
+                             "Rank.set_current_stream: the stream is not one of rank {}'s", r.id());
+            r.set_current_stream(*s.stream);
+          },
+          "stream"_a)
+      .def(
+          "new_stream",
+          [](RankHandle& h, const std::string& name) {
+            return stream_object(h, h.host("Rank.new_stream").new_stream(name));
+          },
+          "name"_a)
+      .def("synchronize",
+           [](RankHandle& h) {
+             Rank& r = h.host("Rank.synchronize");
+             py::gil_scoped_release nogil;
+             r.synchronize();
+           })
+      .def(
+          "zeros",
+          [make](RankHandle& h, py::handle shape, py::handle dtype) {
+            return make(h, shape, dtype, true);
+          },
+          "shape"_a, "dtype"_a = "f32",
+          "A zeroed tensor: a NumPy array (uint16 for bf16), or a shape-only cocemu.Tensor in a "
+          "dry run.")
+      .def(
+          "empty",
+          [make](RankHandle& h, py::handle shape, py::handle dtype) {
+            return make(h, shape, dtype, false);
+          },
+          "shape"_a, "dtype"_a = "f32", "As zeros, contents unspecified.")
+      .def(
+          "set_segment",
+          [](RankHandle& h, const std::string& name) {
+            h.host("Rank.set_segment").set_segment(name);
+          },
+          "name"_a, "Names the program region that ops recorded from now on belong to.")
+      .def_property_readonly(
+          "current_segment",
+          [](const RankHandle& h) { return h.get("Rank.current_segment").segment(); })
+      .def("__repr__", [](const RankHandle& h) {
+        if (!h.session->alive) return std::string("cocemu.Rank(<ended run>)");
+        return fmt::format("cocemu.Rank({} of {})", h.rank->id(), h.rank->world_size());
+      });
+
+  m.def(
+      "current_rank",
+      []() -> py::object {
+        PyObject* r = current_rank_object();
+        COCEMU_CHECK_ARG(r != nullptr,
+                         "current_rank: not called from a rank's function (cocemu.run runs one "
+                         "per rank thread)");
+        return py::reinterpret_borrow<py::object>(r);
+      },
+      "The Rank whose function is running on the calling thread.");
+
+  // Running ----------------------------------------------------------------------------------
+  m.def("_run", &run, "n_ranks"_a, "fn"_a, "profile"_a = py::none(), "deterministic"_a = true,
+        "schedule_seed"_a = py::none(), "dry_run"_a = false, "timeout_s"_a = py::none(),
+        "record_wall_times"_a = true);
+
+  py::class_<OpInfo>(m, "Op", "One op of a finished run with its modeled start and end.")
+      .def_readonly("rank", &OpInfo::rank)
+      .def_readonly("lane", &OpInfo::lane)
+      .def_readonly("index", &OpInfo::index)
+      .def_readonly("lane_name", &OpInfo::lane_name)
+      .def_readonly("name", &OpInfo::name)
+      .def_readonly("kind", &OpInfo::kind)
+      .def_readonly("segment", &OpInfo::segment)
+      .def_readonly("detail", &OpInfo::detail)
+      .def_readonly("start_ns", &OpInfo::start_ns)
+      .def_readonly("end_ns", &OpInfo::end_ns)
+      .def_readonly("work_ns", &OpInfo::work_ns)
+      .def_readonly("bytes", &OpInfo::bytes)
+      .def_readonly("flops", &OpInfo::flops)
+      .def_readonly("seq", &OpInfo::seq)
+      .def_readonly("wall_start_ns", &OpInfo::wall_start_ns)
+      .def_readonly("wall_end_ns", &OpInfo::wall_end_ns)
+      .def("__repr__", [](const OpInfo& o) {
+        return fmt::format("cocemu.Op(rank={}, lane='{}', name='{}', {}..{} ns)", o.rank,
+                           o.lane_name, o.name, o.start_ns, o.end_ns);
+      });
+
+  classes.run_result = std::make_unique<py::class_<PyRunResult>>(
+      m, "RunResult", "What a run leaves: return values, the modeled timeline, host wall time.");
+  (*classes.run_result)
+      .def_readonly("returns", &PyRunResult::returns)
+      .def_property_readonly(
+          "makespan_ns", [](const PyRunResult& r) { return result_of(r).timeline.makespan_ns(); })
+      .def_property_readonly("wall_ns", [](const PyRunResult& r) { return result_of(r).wall_ns; })
+      .def_property_readonly(
+          "n_ranks", [](const PyRunResult& r) { return int(result_of(r).graph.ranks.size()); })
+      .def_property_readonly("numerics", [](const PyRunResult& r) { return result_of(r).numerics; })
+      .def_property_readonly(
+          "profile", [](const PyRunResult& r) { return ProfileHandle{result_of(r).profile}; })
+      .def(
+          "lanes",
+          [](const PyRunResult& r, int rank) {
+            const RunResult& res = result_of(r);
+            COCEMU_CHECK_ARG(rank >= 0 && rank < int(res.graph.ranks.size()),
+                             "RunResult.lanes: rank {} out of range 0..{}", rank,
+                             int(res.graph.ranks.size()) - 1);
+            return res.graph.ranks[std::size_t(rank)].lane_names;
+          },
+          "rank"_a = 0)
+      .def(
+          "ops",
+          [](const PyRunResult& r, std::optional<int> rank) {
+            const RunResult& res = result_of(r);
+            std::vector<OpInfo> out;
+            for (int q = 0; q < int(res.graph.ranks.size()); ++q) {
+              if (rank && *rank != q) continue;
+              const auto& ops = res.graph.ranks[std::size_t(q)].ops;
+              for (std::uint32_t i = 0; i < ops.size(); ++i)
+                out.push_back(op_info(res, {q, i}));
+            }
+            COCEMU_CHECK_ARG(!rank || (*rank >= 0 && *rank < int(res.graph.ranks.size())),
+                             "RunResult.ops: rank {} out of range 0..{}", *rank,
+                             int(res.graph.ranks.size()) - 1);
+            return out;
+          },
+          "rank"_a = py::none(), "Every op (of one rank, if given), in record order.")
+      .def(
+          "op", [](const PyRunResult& r, const OpRef& ref) { return op_info(result_of(r), ref); },
+          "ref"_a)
+      .def(
+          "event_time_ns",
+          [](const PyRunResult& r, const EventHandle& e) {
+            return result_of(r).timeline.at(event_ref(e, "RunResult.event_time_ns")).end_ns;
+          },
+          "event"_a, "Modeled time at which the event completes (its op's end).")
+      .def(
+          "elapsed_ns",
+          [](const PyRunResult& r, const EventHandle& start, const EventHandle& end) {
+            const Timeline& t = result_of(r).timeline;
+            return t.at(event_ref(end, "RunResult.elapsed_ns")).end_ns -
+                   t.at(event_ref(start, "RunResult.elapsed_ns")).end_ns;
+          },
+          "start"_a, "end"_a, "Modeled ns from one event to another (torch's elapsed_time).")
+      .def(
+          "chrome_trace",
+          [](const PyRunResult& r, bool include_wall, bool include_host) {
+            return chrome_trace_json(result_of(r), {include_wall, include_host});
+          },
+          "include_wall"_a = false, "include_host"_a = true,
+          "The modeled timeline as Chrome trace-event JSON (Perfetto, chrome://tracing).")
+      .def(
+          "write_chrome_trace",
+          [](const PyRunResult& r, const std::string& path, bool include_wall, bool include_host) {
+            write_chrome_trace(result_of(r), path, {include_wall, include_host});
+          },
+          "path"_a, "include_wall"_a = false, "include_host"_a = true)
+      .def(
+          "svg",
+          [](const PyRunResult& r, const std::string& title, std::int64_t span_ns,
+             bool collapse_identical_ranks, double width) {
+            return svg_timeline(result_of(r), title, {span_ns, collapse_identical_ranks, width});
+          },
+          "title"_a = "cocemu", py::kw_only(), "span_ns"_a = 0, "collapse_identical_ranks"_a = true,
+          "width"_a = 1600.0,
+          "The modeled timeline as SVG (span_ns: the x axis's span, to compare several runs).")
+      .def(
+          "write_svg",
+          [](const PyRunResult& r, const std::string& path, const std::string& title,
+             std::int64_t span_ns, bool collapse_identical_ranks, double width) {
+            write_svg_timeline(result_of(r), path, title,
+                               {span_ns, collapse_identical_ranks, width});
+          },
+          "path"_a, "title"_a = "cocemu", py::kw_only(), "span_ns"_a = 0,
+          "collapse_identical_ranks"_a = true, "width"_a = 1600.0);
+
+  // Symmetric memory --------------------------------------------------------------------------
+  py::class_<SymmetricHandle>(m, "SymmetricBuffer",
+                              "The same allocation on every rank of a team, readable and "
+                              "writable in a peer's copy, with flags in peer memory.")
+      .def_static(
+          "allocate",
+          [](RankHandle& h, const std::vector<int>& team, std::size_t bytes, int n_flags) {
+            Rank& r = h.host("SymmetricBuffer.allocate");
+            return SymmetricHandle{SymmetricBuffer::allocate(r, team, bytes, n_flags), h.session};
+          },
+          "rank"_a, "team"_a, "bytes"_a, "n_flags"_a = 0,
+          "Called by every member of `team` (world ranks, same list, same order of calls).")
+      .def_property_readonly(
+          "team_rank", [](const SymmetricHandle& h) { return h.get("team_rank").team_rank(); })
+      .def_property_readonly(
+          "team_size", [](const SymmetricHandle& h) { return h.get("team_size").team_size(); })
+      .def_property_readonly("bytes",
+                             [](const SymmetricHandle& h) { return h.get("bytes").bytes(); })
+      .def_property_readonly("n_flags",
+                             [](const SymmetricHandle& h) { return h.get("n_flags").n_flags(); })
+      .def(
+          "local",
+          [](const SymmetricHandle& h) {
+            return symmetric_view(h, h.get("SymmetricBuffer.local").team_rank(),
+                                  "SymmetricBuffer.local");
+          },
+          "This rank's copy as a uint8 NumPy view (x.view(np.float32) reinterprets it).")
+      .def(
+          "peer",
+          [](const SymmetricHandle& h, int team_rank) {
+            return symmetric_view(h, team_rank, "SymmetricBuffer.peer");
+          },
+          "team_rank"_a, "A peer's copy as a uint8 NumPy view.")
+      .def(
+          "put",
+          [](const SymmetricHandle& h, int peer, std::size_t offset, py::handle src) {
+            const SymmetricBuffer& b = h.get("SymmetricBuffer.put");
+            auto [p, n] = byte_span(src, "SymmetricBuffer.put src", Access::read);
+            py::gil_scoped_release nogil;
+            b.put(peer, offset, p, n);
+          },
+          "peer"_a, "offset"_a, "src"_a, "Copies `src`'s bytes into peer's copy at `offset`.")
+      .def(
+          "get",
+          [](const SymmetricHandle& h, int peer, std::size_t offset, py::handle dst) {
+            const SymmetricBuffer& b = h.get("SymmetricBuffer.get");
+            auto [p, n] = byte_span(dst, "SymmetricBuffer.get dst", Access::write);
+            py::gil_scoped_release nogil;
+            b.get(peer, offset, const_cast<std::byte*>(p), n);
+          },
+          "peer"_a, "offset"_a, "dst"_a, "Fills `dst` from peer's copy at `offset`.")
+      .def(
+          "signal",
+          [](const SymmetricHandle& h, int peer, int slot, std::uint32_t n) {
+            h.get("SymmetricBuffer.signal").signal(peer, slot, n);
+          },
+          "peer"_a, "slot"_a, "n"_a = 1, "Adds `n` to flag `slot` in peer's memory (release).")
+      .def(
+          "wait",
+          [](const SymmetricHandle& h, int slot, std::uint32_t value, const std::string& what) {
+            const SymmetricBuffer& b = h.get("SymmetricBuffer.wait");
+            py::gil_scoped_release nogil;
+            b.wait(slot, value, what);
+          },
+          "slot"_a, "value"_a, "what"_a = "",
+          "Waits until this rank's flag `slot` is >= value (acquire), bounded by the timeout.")
+      .def(
+          "flag",
+          [](const SymmetricHandle& h, int peer, int slot) {
+            return h.get("SymmetricBuffer.flag").flag(peer, slot);
+          },
+          "peer"_a, "slot"_a);
+}
+
+}  // namespace cocemu::python

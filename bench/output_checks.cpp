@@ -5,9 +5,14 @@
 #include <system_error>
 
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/limits.h"
 #include "commands.h"
 
 namespace cocemu::cli {
+
+double time_budget(double value) {
+  return value > 0 ? value : default_max_seconds();
+}
 
 void check_output_dir(const std::string& option, const std::string& dir) {
   std::error_code ec;

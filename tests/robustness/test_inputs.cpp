@@ -137,6 +137,31 @@ TEST(Inputs, EveryPathOptionRefusesBadFilesAtOnce) {
   EXPECT_EQ(cases, 7 * 20);
 }
 
+// Outputs too: a named pipe given as an output file would block the write until something reads
+// it. /dev/null stays a valid output.
+TEST(Inputs, AnOutputThatIsANamedPipeIsRefused) {
+  const std::string fifo = scratch() + "/out-pipe";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& args :
+       {"attention --dry-run --seq 64 --heads 2 --head-dim 16 --cp 2 --trace " + fifo,
+        "mlpbench --m 64 --hidden 64 --ffn 64 --repeats 1 --ranks 2 --json " + fifo,
+        "validate --json " + fifo}) {
+    std::vector<std::string> argv = {COCEMU_BINARY};
+    for (const std::string& a : testing::split_args(args))
+      argv.push_back(a);
+    const testing::ChildOutcome o = testing::run_child(argv, 20, {"OPENBLAS_NUM_THREADS=1"});
+    EXPECT_EQ(o.exit, 2) << args << "\n" << o.err;
+    EXPECT_LT(o.seconds, 5.0) << args;
+    EXPECT_NE(o.err.find("is a named pipe"), std::string::npos) << args << "\n" << o.err;
+  }
+  const testing::ChildOutcome o =
+      testing::run_child({COCEMU_BINARY, "attention", "--dry-run", "--seq", "64", "--heads", "2",
+                          "--head-dim", "16", "--cp", "2", "--json", "/dev/null"},
+                         20);
+  EXPECT_EQ(o.exit, 0) << o.err;
+}
+
 TEST(Inputs, AnAliasBombIsRefusedInMillisecondsNamingTheLine) {
   // 9^8 = 43 million nodes in 300 bytes: every parser refuses it before building the tree.
   const std::string bomb = alias_bomb(8);

@@ -11,8 +11,8 @@
 --resources  limits_child under prlimit --as and --nproc at 8, 64 and 256 ranks, N times each
 (none: all of them, resources 20 times)
 
-Each case's outcome is classified: ok (exit 0 where the input is valid), clear error (exit 2, one
-"error:" line, no developer tail), crash (a signal or another status), hang (killed after 10 s
+Each case's outcome is classified: ok (exit 0 where the input is valid), clear error (exit 2, an
+"error:" message without the developer tail), crash (a signal or another status), hang (killed after 10 s
 without using the CPU), slow (killed after 10 s while working), memory (peak RSS over 1 GB),
 silent (exit 0 for an input that must be refused). Prints every case that is not ok or a clear
 error, and the counts.
@@ -87,7 +87,8 @@ def classify(res, must_fail, prefix="cocemu: error: "):
         return "memory"
     if code == 0:
         return "silent" if must_fail else "ok"
-    if code == 2 and err.startswith(prefix) and err.count("\n") == 1 and "failed at" not in err:
+    # (plan lists the reasons it pruned every candidate on lines of their own.)
+    if code == 2 and err.startswith(prefix) and "failed at" not in err:
         return "clear error"
     if code == 2 and err.startswith(prefix):
         return "unclear error"
@@ -152,9 +153,27 @@ def path_options(tmp):
         ("validate", "--references"),
         (attn + " --dry-run", "--profile"),
         ("collbench --dry-run -n 2 -e 4096", "--profile"),
-        ("mlpbench --m 64 --hidden 64 --ffn 64 --repeats 1", "--json"),
     ] + [(attn, o) for o in ("--q", "--k", "--v", "--dout")] + [
         (attn + " --mask general", "--mask-file"),
+    ]
+
+
+def output_options(tmp):
+    """Output paths: (base command, option, whether it names a folder)."""
+    out = os.path.join(tmp, "out")
+    attn = "attention --dry-run --seq 64 --heads 2 --head-dim 16 --cp 2"
+    return [
+        ("mlpbench --m 64 --hidden 64 --ffn 64 --repeats 1 --ranks 2", "--json", False),
+        ("collbench --dry-run -n 2 -e 4096", "--json", False),
+        (attn, "--json", False), (attn, "--trace", False), (attn, "--svg", False),
+        ("tune", "-o", False),
+        ("bench --dry-run --out-dir " + out, "--json", False),
+        ("train --dry-run --out-dir " + out, "--json", False),
+        ("plan --model llama2-7b --global-batch 64 --out-dir " + out, "--json", False),
+        ("validate", "--json", False),
+        ("bench --dry-run", "--out-dir", True),
+        ("train --dry-run", "--out-dir", True),
+        ("plan --model llama2-7b --global-batch 64", "--out-dir", True),
     ]
 
 
@@ -163,11 +182,23 @@ def inputs(cocemu, tmp):
     files = scratch_files(tmp)
     for base, option in path_options(tmp):
         for kind, path in files.items():
-            if option == "--json" and kind in ("missing",):
-                continue  # an output file that does not exist yet is what --json expects
             argv = [cocemu] + base.split() + [option, path]
             res = isolated(argv)
             t.add(f"{kind} as {base.split()[0]} {option}", classify(res, True), res)
+    # Outputs: a missing file is created, a regular file or a device overwritten; a folder (for a
+    # file) or a file (for a folder) and a named pipe must be refused.
+    for base, option, folder in output_options(tmp):
+        for kind, path in files.items():
+            if kind in ("huge", "alias bomb", "deep nesting"):  # restore the inputs afterwards
+                path = os.path.join(tmp, "scratch-" + kind.replace(" ", "-"))
+                with open(path, "w") as f:
+                    f.write("x\n")
+            if kind == "missing" and folder:
+                path = os.path.join(tmp, "new-folder")
+            must_fail = kind in ("fifo",) or (kind == "directory") != folder and kind != "missing"
+            argv = [cocemu] + base.split() + [option, path]
+            res = isolated(argv)
+            t.add(f"{kind} as output {base.split()[0]} {option}", classify(res, must_fail), res)
     t.report()
     return t
 

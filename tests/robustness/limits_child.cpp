@@ -6,7 +6,9 @@
 //     streams  every rank starts two more streams and runs an all_reduce on each of them
 //     alloc    every rank's compute stream op allocates and touches MIB (default 64), then
 //              all_reduce
-//     host     every rank's host thread allocates and touches MIB, then all_reduce
+//     host     every rank meets the others in an all_reduce (so every stream thread has started
+//              and the failure is the allocation's, whatever the schedule), then its host thread
+//              allocates and touches MIB, then all_reduce
 //     gemm     every rank's compute stream runs f32 GEMMs (OpenBLAS), then all_reduce
 //
 // Exit 0: the run finished; 2: a cocemu::Error (its message on stderr, one line); 3: anything
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
       } else if (mode == "alloc") {
         rank.compute_stream().launch({.name = "touch"}, [bytes] { (void)touch(bytes); });
       } else if (mode == "host") {
+        finish(rank);
         (void)touch(bytes);
       } else if (mode == "gemm") {
         for (int i = 0; i < 4; ++i) {

@@ -3,7 +3,8 @@
 // the thread that could not start, the allocation that failed, OpenBLAS's work buffer that could
 // not be mapped — naming the rank, the stream and the op; never an abort, never a hang, never a
 // timeout that blames a bystander. One case per path here (each once, to stay well under a
-// minute); tests/robustness/limits_campaign.sh runs every case at 8, 64 and 256 ranks 20 times.
+// minute); `tests/robustness/campaign.py BUILD --resources` runs every case at 8, 64 and 256 ranks
+// 20 times.
 //
 // The limits apply to the child only. RLIMIT_NPROC counts the threads of the child's user, and
 // does not bind root: as root the child runs as `nobody` (setpriv), whose limit is set relative

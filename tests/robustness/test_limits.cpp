@@ -235,5 +235,30 @@ TEST(Limits, TheTrainEstimateHoldsForAnotherModel) {
       (long long)l.micro_batches(), bench::model_flops_per_iteration(setup.options.model, l));
 }
 
+// The step model's replay estimate, fitted on the shipped 64-node example at 65,536
+// micro-batches, against the same example at 32,768 (the step model runs on one core).
+TEST(Limits, TheStepModelEstimateHoldsForAnotherBatch) {
+  std::string text =
+      file_text(std::string(COCEMU_SOURCE_DIR) + "/configs/train/llama2-70b-910b-64nodes.yaml");
+  const auto at = text.find("micro_batch_num: 128");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 20, "micro_batch_num: 32768");
+  const std::string path = write("mbn-32768.yaml", text);
+  const bench::TrainSetup setup =
+      bench::resolve_settings(bench::parse_train_config(text, path), true);
+  ASSERT_EQ(setup.options.layout.micro_batches(), 32768);
+  const Estimate e = bench::estimate_step_model(setup, "train");
+  const auto [rss, cpu] = measure("train --dry-run --engine model --config " + path +
+                                  " --out-dir " + scratch() + "/sm");
+  EXPECT_GT(double(e.memory_bytes), rss / 2)
+      << "estimate " << e.memory_bytes << " measured " << rss;
+  EXPECT_LT(double(e.memory_bytes), rss * 2)
+      << "estimate " << e.memory_bytes << " measured " << rss;
+  EXPECT_GT(e.host_seconds, cpu / 3) << "estimate " << e.host_seconds << " s, measured " << cpu;
+  EXPECT_LT(e.host_seconds, cpu * 3) << "estimate " << e.host_seconds << " s, measured " << cpu;
+  std::printf("step model: estimated %.0f MB and %.1f s of CPU; measured %.0f MB and %.1f s\n",
+              double(e.memory_bytes) / 1e6, e.host_seconds, rss / 1e6, cpu);
+}
+
 }  // namespace
 }  // namespace cocemu

@@ -123,10 +123,11 @@ Estimate estimate_train_emulated(const TrainSetup& s, const std::string& what) {
 }
 
 /// Fitted: `cocemu train --dry-run` of the shipped 64-node example (configs/train/) with
-/// micro_batch_num 65,536 on its 8 stages (1.05 million forward and backward actions) took 1.34 s
-/// of CPU and peaked at 387 MB: per action of the schedule replay and its pipeline picture.
+/// micro_batch_num 65,536 on its 8 stages (1.05 million forward and backward actions) took 2.1 s
+/// of CPU (user and system: the pages it touches cost a third) and peaked at 387 MB: per action
+/// of the schedule replay and its pipeline picture.
 constexpr double kReplayActionBytes = 370;
-constexpr double kReplayActionSeconds = 1.3e-6;
+constexpr double kReplayActionSeconds = 2.0e-6;
 
 Estimate estimate_step_model(const TrainSetup& s, const std::string& what) {
   const auto& l = s.options.layout;

@@ -10,6 +10,8 @@
 //              and the failure is the allocation's, whatever the schedule), then its host thread
 //              allocates and touches MIB, then all_reduce
 //     gemm     every rank's compute stream runs f32 GEMMs (OpenBLAS), then all_reduce
+//     full     no world: a tensor is freed while every allocation fails (the address space is
+//              taken up to the limit), then the hoard is released; RANKS is ignored
 //
 // Exit 0: the run finished; 2: a cocemu::Error (its message on stderr, one line); 3: anything
 // else that escaped (a bug).
@@ -36,6 +38,29 @@ std::size_t touch(std::size_t bytes) {
   return std::size_t(v[bytes / 2]);
 }
 
+/// Frees a tensor at a moment when no allocation succeeds: its deleter must not throw.
+int free_when_full() {
+  Tensor t = Tensor::zeros({1 << 20}, DType::f32);
+  std::vector<void*> hoard;
+  hoard.reserve(1 << 20);
+  const auto take = [&](std::size_t size) {
+    while (hoard.size() < hoard.capacity()) {
+      void* p = std::malloc(size);
+      if (!p) break;
+      hoard.push_back(p);
+    }
+  };
+  for (std::size_t size = std::size_t(1) << 26; size > 256; size /= 2)
+    take(size);
+  for (std::size_t size = 256; size >= 8; size -= 8)  // every small size class, cached ones too
+    take(size);
+  t = Tensor();
+  for (void* p : hoard)
+    std::free(p);
+  std::fprintf(stderr, "limits_child: freed a tensor with %zu blocks hoarded\n", hoard.size());
+  return 0;
+}
+
 void finish(Rank& rank) {
   Group world = Group::world(rank);
   Tensor t = Tensor::zeros({64}, DType::f32);
@@ -46,12 +71,13 @@ void finish(Rank& rank) {
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: limits_child streams|alloc|host|gemm RANKS [MIB]\n");
+    std::fprintf(stderr, "usage: limits_child streams|alloc|host|gemm|full RANKS [MIB]\n");
     return 3;
   }
   const std::string mode = argv[1];
   const int ranks = std::atoi(argv[2]);
   const std::size_t bytes = std::size_t(argc == 4 ? std::atoi(argv[3]) : 64) << 20;
+  if (mode == "full") return free_when_full();
   try {
     WorldOptions o;
     o.n_ranks = ranks;

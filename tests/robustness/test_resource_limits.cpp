@@ -117,6 +117,15 @@ TEST(ResourceLimits, OpenBlasWithoutRoomForItsWorkBufferIsAnErrorNotAHang) {
       << o.err;
 }
 
+TEST(ResourceLimits, ATensorFreedWhenNothingCanBeAllocatedIsFreed) {
+  // The allocator's cache keeps freed blocks in a map whose node is allocated in the tensor's
+  // deleter; with the address space full that allocation fails, and a deleter must not throw
+  // (the campaign saw `gemm 256` under 1 GiB abort with "terminate called").
+  const ChildOutcome o = under_as(kGiB, {"full", "1"});
+  EXPECT_EQ(o.exit, 0) << o.err;
+  EXPECT_NE(o.err.find("freed a tensor"), std::string::npos) << o.err;
+}
+
 TEST(ResourceLimits, WithoutLimitsTheSameRunsFinish) {
   for (const char* mode : {"streams", "gemm"}) {
     const ChildOutcome o =

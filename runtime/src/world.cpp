@@ -24,8 +24,8 @@ std::string op_where(const std::string& stream, const OpRecord* op) {
 /// its op, the host thread) when the error does not say it itself — an allocation or another
 /// resource that ran out (`wrap_resource`: also a cocemu::Error of that kind), anything that is
 /// not a cocemu::Error.
-std::exception_ptr op_failure(std::exception_ptr e, const std::string& where,
-                              bool wrap_resource = true) {
+std::exception_ptr describe_failure(std::exception_ptr e, std::string_view where,
+                                    bool wrap_resource) {
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
@@ -48,6 +48,29 @@ std::exception_ptr op_failure(std::exception_ptr e, const std::string& where,
   } catch (...) {
     return std::make_exception_ptr(
         Error(Errc::rank_exception, fmt::format("{} threw a non-standard exception", where)));
+  }
+}
+
+/// describe_failure, called where nothing may escape (a catch handler at the top of a stream's
+/// or a rank's thread): when the description cannot be built either (the process is out of
+/// memory), the original exception is kept as it is, and `run` names it once the ranks have
+/// unwound and freed what they held.
+std::exception_ptr op_failure(std::exception_ptr e, std::string_view where,
+                              bool wrap_resource = true) noexcept {
+  try {
+    return describe_failure(e, where, wrap_resource);
+  } catch (...) {
+    return e;
+  }
+}
+
+/// The same for a stream op (`op` null: the stream itself), naming it as op_where does.
+std::exception_ptr op_failure(std::exception_ptr e, const std::string& stream,
+                              const OpRecord* op) noexcept {
+  try {
+    return describe_failure(e, op_where(stream, op), true);
+  } catch (...) {
+    return e;
   }
 }
 
@@ -154,7 +177,7 @@ struct StreamImpl {
       }
       return true;
     } catch (...) {
-      fail(op_failure(std::current_exception(), op_where(name, t.record)));
+      fail(op_failure(std::current_exception(), name, t.record));
       return false;
     }
   }
@@ -439,8 +462,7 @@ Stream& Rank::new_stream(const std::string& name) {
       try {
         raw->work();
       } catch (...) {
-        raw->fail(
-            detail::op_failure(std::current_exception(), detail::op_where(raw->name, nullptr)));
+        raw->fail(detail::op_failure(std::current_exception(), raw->name, nullptr));
       }
       raw->exited.store(true, std::memory_order_release);
     });
@@ -666,11 +688,16 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
         }
       });
     } catch (const std::system_error& e) {
-      world.abort(r, std::make_exception_ptr(Error(
-                         Errc::resource_exhausted,
-                         fmt::format("cannot start the thread of rank {} ({} of {} started): {} "
-                                     "({}); use fewer ranks, or raise the limit",
-                                     r, r, world.size(), e.what(), thread_limits_summary()))));
+      const std::exception_ptr cause = std::current_exception();
+      try {
+        world.abort(r, std::make_exception_ptr(Error(
+                           Errc::resource_exhausted,
+                           fmt::format("cannot start the thread of rank {} ({} of {} started): {} "
+                                       "({}); use fewer ranks, or raise the limit",
+                                       r, r, world.size(), e.what(), thread_limits_summary()))));
+      } catch (const std::bad_alloc&) {  // no memory for the message: the cause as it is
+        world.abort(r, cause);
+      }
       break;
     }
   }
@@ -682,6 +709,15 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
       std::rethrow_exception(e);
     } catch (const Error& err) {
       throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.message()), err.origin());
+    } catch (const std::bad_alloc&) {  // kept as thrown when memory ran out describing it
+      throw Error(Errc::resource_exhausted,
+                  fmt::format("rank {} failed: out of memory (std::bad_alloc); {}; use smaller "
+                              "sizes, fewer ranks, or --dry-run",
+                              r, memory_limits_summary()));
+    } catch (const std::system_error& ex) {
+      throw Error(Errc::resource_exhausted,
+                  fmt::format("rank {} failed: {} ({}; {})", r, ex.what(), memory_limits_summary(),
+                              thread_limits_summary()));
     } catch (const std::exception& ex) {
       throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()));
     } catch (...) {

@@ -82,7 +82,7 @@ def isolated(argv, env=None, deadline=DEADLINE):
     return eval(data.decode())  # our own repr of a tuple
 
 
-def classify(res, must_fail, prefix="cocemu: error: "):
+def classify(res, must_fail, prefix="cocemu: error: ", rss_limit_mb=RSS_LIMIT_MB):
     code, err, secs, rss, cpu = res
     if code == 124:
         if cpu < 1.0:
@@ -93,8 +93,8 @@ def classify(res, must_fail, prefix="cocemu: error: "):
     if code == 0:
         if must_fail:
             return "silent"
-        return "ok" if rss <= RSS_LIMIT_MB else "valid, heavy"
-    if rss > RSS_LIMIT_MB:
+        return "ok" if rss <= rss_limit_mb else "valid, heavy"
+    if rss > rss_limit_mb:
         return "memory"  # an error, after spending more than 1 GB
     # (plan lists the reasons it pruned every candidate on lines of their own.)
     if code == 2 and err.startswith(prefix) and "failed at" not in err:
@@ -323,20 +323,24 @@ def resources(child, repeats):
         cases = []
         for gib in (1, 2, 4):
             for mode, mib in (("streams", "64"), ("alloc", "256"), ("host", "256"), ("gemm", "64")):
+                # The child is asked to allocate up to its limit: "memory" here is a peak RSS
+                # over the address-space limit, which the kernel does not allow.
                 cases.append((f"--as={gib}G {mode} {ranks}",
-                              ["prlimit", f"--as={gib << 30}", child, mode, str(ranks), mib]))
+                              ["prlimit", f"--as={gib << 30}", child, mode, str(ranks), mib],
+                              gib * 1024))
         for extra in (50, 400):
             prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] \
                 if os.getuid() == 0 else []
             uid = 65534 if os.getuid() == 0 else os.getuid()
             cases.append((f"--nproc=+{extra} streams {ranks}",
                           prefix + ["prlimit", f"--nproc={threads_of_user(uid) + extra}", child,
-                                    "streams", str(ranks)]))
-        for label, argv in cases:
+                                    "streams", str(ranks)], RSS_LIMIT_MB))
+        for label, argv, rss_limit_mb in cases:
             for _ in range(repeats):
                 res = isolated(argv, env={"COCEMU_TIMEOUT_MS": "30000"}, deadline=60.0)
                 # A case the limit leaves room for may finish: exit 0 is ok (not "silent").
-                t.add(label, classify(res, False, prefix="limits_child: error: "), res)
+                t.add(label, classify(res, False, prefix="limits_child: error: ",
+                                      rss_limit_mb=rss_limit_mb), res)
     t.report()
     return t
 

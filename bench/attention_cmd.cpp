@@ -15,6 +15,7 @@
 
 #include "cocemu/attention/context_parallel.h"
 #include "cocemu/bench/cp_compare.h"
+#include "cocemu/bench/limits/estimate.h"
 #include "cocemu/bench/sensitivity.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/layers/model_config.h"
@@ -40,6 +41,7 @@ struct AttnOpts {
   std::string dtype = "auto", q, k, v, dout, out_dir, profile = "ascend-910b", trace, svg, json;
   std::string model;
   std::uint64_t seed = 1;
+  double max_seconds = 0;
 };
 
 /// The request as the ranks run it: MindSpeed's options, and the shapes of one TP rank.
@@ -58,7 +60,7 @@ Tensor load_sbh(const std::string& path, std::int64_t S, std::int64_t B, std::in
   try {
     t = read_npy(path);
   } catch (const Error& e) {
-    throw Error(e.code(), fmt::format("--{}: {}", what, e.what()));
+    throw Error(e.code(), fmt::format("--{}: {}", what, e.message()), e.origin());
   }
   const bool four =
       t.ndim() == 4 && t.size(0) == S && t.size(1) == B && t.size(2) == H && t.size(3) == D;
@@ -99,7 +101,9 @@ void run_bench(const AttnOpts& o) {
   const std::int64_t S = o.seq, D = o.head_dim, H = o.heads;
   const std::string what =
       fmt::format("attention --bench with --seq {} --heads {} --head-dim {}", S, H, D);
-  check_fits_in_memory(checked_mul(checked_mul(S, H * D, what), 6 * 4, what), what);
+  // The forward of every repeat, against as many sgemm's: an estimate as attention's (no cp).
+  check_estimate(bench::estimate_attention(1, S, H, H, D, 4, 1, o.causal_bench ? 0.5 : 1.0, what),
+                 time_budget(o.max_seconds));
   std::vector<std::int64_t> pos(static_cast<std::size_t>(S));
   for (std::int64_t i = 0; i < S; ++i)
     pos[std::size_t(i)] = i;
@@ -227,7 +231,7 @@ void resolve_config(const AttnOpts& o, const CLI::App& sub, Request& r) {
     try {
       m = read_npy(o.mask_file);
     } catch (const Error& e) {
-      throw Error(e.code(), fmt::format("--mask-file: {}", e.what()));
+      throw Error(e.code(), fmt::format("--mask-file: {}", e.message()), e.origin());
     }
     const AttentionProblem& p = r.problem;
     COCEMU_CHECK_ARG(
@@ -332,9 +336,10 @@ void run_one(const AttnOpts& o, const Request& r) {
         "attention with --batch {} --seq {} --heads {} "
         "--head-dim {}",
         p.batch, p.seq, r.heads, p.head_dim);
-    const std::int64_t elems =
-        checked_mul(checked_mul(p.batch, p.seq, what), p.heads * p.head_dim, what);
-    check_fits_in_memory(checked_mul(elems, 16 * std::int64_t(size_of(dtype)), what), what);
+    check_estimate(bench::estimate_attention(p.batch, p.seq, p.heads, p.kv_heads, p.head_dim,
+                                             int(size_of(dtype)), c.context_parallel_size,
+                                             c.attention_mask_type == "causal" ? 0.5 : 1.0, what),
+                   time_budget(o.max_seconds));
   }
   Tensor q, k, v, dout;
   if (numerics) {
@@ -571,6 +576,7 @@ void add_attention(CLI::App& app) {
   sub->add_option("--json", o->json,
                   "write results as JSON: times in ns (forward_ns, backward_ns, …; with --compare "
                   "every configuration)");
+  max_seconds_option(sub, o->max_seconds);
   // Choosing.
   sub->add_flag("--compare", o->compare,
                 "model every algorithm and window MindSpeed accepts for this request — ring, each "

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "cocemu/bench/layer_bench.h"
+#include "cocemu/bench/limits/estimate.h"
 #include "cocemu/bench/train/train_config.h"
 #include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
@@ -23,6 +24,7 @@ struct BenchOpts {
   std::string model, profile = "ascend-910b", coc_config, out_dir = "cocemu-bench-out", json;
   bool dry_run = false, no_progress = false, nondeterministic = false, sensitivity = false;
   int repeats = 3;
+  double max_seconds = 0;
 };
 
 /// "script P=4" -> "script-p4": a file-name-safe form of a strategy name.
@@ -78,6 +80,7 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--json", o->json, "write the results here (default: OUT_DIR/bench.json)");
   sub->add_flag("--no-progress", o->no_progress, "no progress bar");
+  max_seconds_option(sub, o->max_seconds);
   sub->add_flag("--sensitivity", o->sensitivity,
                 "scale each assumption of the profile x0.5 and x2 (modeled runs) and report "
                 "which verdicts and best strategies flip; fragile ones are marked");
@@ -97,6 +100,9 @@ void add_bench(CLI::App& app) {
                                                                bench::layer_gemm_keys(c));
       if (!warning.empty()) std::fprintf(stderr, "cocemu bench: %s\n", warning.c_str());
     }
+    check_estimate(bench::estimate_bench(
+                       c, "bench" + (o->model.empty() ? std::string() : " --model " + o->model)),
+                   time_budget(o->max_seconds));
     // Outputs are checked before the run, not after it.
     check_output_dir("--out-dir", o->out_dir);
     if (!o->json.empty()) check_output_file("--json", o->json);

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 
+#include "cocemu/bench/limits/estimate.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/collectives/plan.h"
 #include "cocemu/runtime/checked.h"
@@ -237,6 +238,7 @@ void add_collbench(CLI::App& app) {
     int factor = 4;
     std::string dtype = "f32", algo = "auto", profile = "ascend-910b", json;
     int samples = 0, warmup = 1;
+    double max_seconds = 0;
     bool nondeterministic = false, check = true, dry_run = false;
   };
   auto o = std::make_shared<Opts>();
@@ -266,6 +268,7 @@ void add_collbench(CLI::App& app) {
           CLI::IsMember({"0", "1", "true", "false", "on", "off", "yes", "no"}, CLI::ignore_case))
       ->capture_default_str();
   sub->add_option("--json", o->json, "write rows as JSON to this file");
+  max_seconds_option(sub, o->max_seconds);
   sub->add_flag("--dry-run", o->dry_run,
                 "modeled only: each call priced as the emulator prices it (model_collective) on "
                 "world ranks 0..n-1 of the profile's cluster, without threads or numerics; -n "
@@ -291,10 +294,6 @@ void add_collbench(CLI::App& app) {
                      n);
     const std::uint64_t align = std::uint64_t(n) * size_of(dtype);
     if (!o->json.empty()) check_output_file("--json", o->json);
-    if (!o->dry_run)  // in and out buffers of every rank, plus the check's reference
-      check_fits_in_memory(checked_mul(std::int64_t(o->max_bytes), 4 * std::int64_t(n),
-                                       fmt::format("collbench -n {} -e {}", n, o->max_bytes)),
-                           fmt::format("collbench -n {} -e {}", n, o->max_bytes));
     std::vector<Case> cases;
     for (CollOp op : ops)
       for (std::uint64_t s = o->min_bytes; s <= o->max_bytes; s *= std::uint64_t(o->factor)) {
@@ -303,6 +302,15 @@ void add_collbench(CLI::App& app) {
           cases.push_back({op, size, in_place});
         if (s > o->max_bytes / std::uint64_t(o->factor)) break;  // the next row would overflow
       }
+    if (!o->dry_run) {  // every row's warm-up, check and timed calls on every rank
+      double moved = 0;
+      for (const Case& c : cases)
+        moved += double(o->warmup + 1 + (o->samples > 0 ? o->samples : 9)) * double(c.size) * n;
+      check_estimate(
+          bench::estimate_collbench(std::int64_t(o->max_bytes), moved, n,
+                                    fmt::format("collbench -n {} -e {}", n, o->max_bytes)),
+          time_budget(o->max_seconds));
+    }
     std::vector<Row> rows(cases.size());
     if (o->dry_run)
       return dry_run_rows(*wo.profile, cases, n, dtype, algo, wo.deterministic, o->json);

@@ -52,6 +52,17 @@ CLI::Option* number(CLI::App* app, const std::string& name, T& value, const std:
   return o->check(CLI::Range(lo, hi))->capture_default_str();
 }
 
+/// Adds --max-seconds: the host time a request may take, checked against its estimate before any
+/// work (runtime/limits.h); unset (0), COCEMU_MAX_SECONDS or 600 s.
+inline CLI::Option* max_seconds_option(CLI::App* app, double& value) {
+  return number<double>(app, "--max-seconds", value,
+                        "refuse up front work estimated to take longer (host seconds; default "
+                        "COCEMU_MAX_SECONDS or 600)",
+                        1, 1e7);
+}
+/// The time budget: `value` when --max-seconds was given, else the default.
+double time_budget(double value);
+
 /// Fails up front (before any work) if `dir` cannot be created or written.
 void check_output_dir(const std::string& option, const std::string& dir);
 /// Fails up front if `path` cannot be written (its folder missing, a directory, read-only).

@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cocemu: error: %s (see --help)\n", what.c_str());
     return 2;
   } catch (const cocemu::Error& e) {
-    std::fprintf(stderr, "cocemu: error: %s\n", e.what());
+    // The developer's tail ("[invalid argument: check … failed at file.cpp:12]") with
+    // COCEMU_DEBUG=1 only.
+    std::fprintf(stderr, "cocemu: error: %s\n", cocemu::user_message(e).c_str());
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {
     std::fprintf(stderr, "cocemu: error: %s\n", e.what());

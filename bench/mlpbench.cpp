@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "cocemu/bench/limits/estimate.h"
 #include "cocemu/collectives/ops.h"
 #include "cocemu/layers/linear.h"
 #include "cocemu/runtime/blas.h"
@@ -29,6 +30,7 @@ struct MlpOpts {
   std::int64_t m = 2048, hidden = 2048, ffn = 8192, tile_rows = 128, tiles_per_step = 2;
   bool nondeterministic = false;
   std::string json;
+  double max_seconds = 0;
 };
 
 Tensor random_tensor(const Shape& s, std::uint64_t seed) {
@@ -111,19 +113,17 @@ void add_mlpbench(CLI::App& app) {
   sub->add_flag("--nondeterministic", o->nondeterministic,
                 "OpenBLAS GEMMs and owner-first reductions (bits may differ between strategies)");
   sub->add_option("--json", o->json, "write floor_ns and strategies[] here");
+  max_seconds_option(sub, o->max_seconds);
   sub->callback([o] {
     COCEMU_CHECK_ARG(
         o->m % o->ranks == 0 && o->ffn % o->ranks == 0 && o->repeats >= 1,
         "mlpbench: m ({}) and ffn ({}) must be divisible by the ranks ({}); repeats >= 1", o->m,
         o->ffn, o->ranks);
     const std::int64_t m = o->m, h = o->hidden, f = o->ffn / o->ranks, ml = m / o->ranks;
-    {  // x, the weights, activations and gradients of every rank, and the floor's operands
-      const std::string what =
-          fmt::format("mlpbench with --m {} --hidden {} --ffn {}", m, h, o->ffn);
-      const std::int64_t per_rank = checked_mul(checked_mul(m, h + 2 * f, what), 4, what) +
-                                    checked_mul(checked_mul(h, 2 * f, what), 8, what);
-      check_fits_in_memory(checked_mul(per_rank, 3 * o->ranks, what), what);
-    }
+    check_estimate(bench::estimate_mlpbench(
+                       m, h, o->ffn, o->ranks, o->repeats,
+                       fmt::format("mlpbench with --m {} --hidden {} --ffn {}", m, h, o->ffn)),
+                   time_budget(o->max_seconds));
     if (!o->json.empty()) check_output_file("--json", o->json);
     std::vector<std::pair<std::string, LinearOptions>> strategies{
         {"serial", {.strategy = Strategy::serial}},

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cocemu/bench/limits/estimate.h"
 #include "cocemu/bench/plan/plan.h"
 #include "cocemu/bench/train/train_config.h"
 #include "cocemu/layers/coc_config.h"
@@ -21,6 +22,7 @@ struct PlanOpts {
   int nodes = 1, threads = 0, top = 5, max_cp = 8, max_vpp = 4;
   std::int64_t global_batch = 0, seq = 0;
   bool no_compare = false, deterministic = false, ce_fusion = false;
+  double max_seconds = 0;
 };
 
 void run(const PlanOpts& o) {
@@ -46,6 +48,9 @@ void run(const PlanOpts& o) {
   r.compare_heuristic = !o.no_compare;
   r.deterministic = o.deterministic;
   r.cross_entropy_fusion = o.ce_fusion;
+  check_estimate(
+      bench::estimate_plan(r, fmt::format("plan --model {} --nodes {}", o.model, o.nodes)),
+      time_budget(o.max_seconds));
   const bench::PlanResult res = bench::plan(r);
   std::fputs(bench::format_plan(res).c_str(), stdout);
   if (!res.threads_note.empty())
@@ -127,6 +132,7 @@ void add_plan(CLI::App& app) {
                 "unfused)");
   sub->add_option("--out-dir", o->out_dir, "where the winner's files go")->capture_default_str();
   sub->add_option("--json", o->json, "write candidates[], pruned, best as JSON");
+  max_seconds_option(sub, o->max_seconds);
   sub->callback([o] { run(*o); });
 }
 

@@ -7,10 +7,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "cocemu/bench/limits/estimate.h"
 #include "cocemu/bench/plan/part_model.h"
 #include "cocemu/bench/train/step_model.h"
 #include "cocemu/bench/train/train_config.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/trace.h"
 #include "commands.h"
 
@@ -27,6 +29,7 @@ struct TrainOpts {
       cp_comm_type, attention_backend, recompute_method;
   std::int64_t cp_window = 0, ulysses = 0, interleave = 0, seq = 0, first_layers = 0,
                last_layers = 0, recompute_layers = 0, coc_parallel_num = 0;
+  double max_seconds = 0;
   bool cp_overlap = false;
   std::int64_t tp = 0, cp = 0, pp = 0, dp = 0, vstage = 0, nodes = 0, iterations = 0, mbs = 0,
                gbs = 0, aggregation_groups = 0;
@@ -45,36 +48,52 @@ constexpr int kMaxEmulatedWorld = 64;
 /// --engine auto: LLaMA2-70B at 64 devices (40960 passes) takes 112 s emulated, 0.02 s modeled.
 constexpr double kMaxEmulatedPasses = 4000;
 
-/// The --config file's text (a directory or an unreadable path is a clear error).
+/// The --config file's text: a regular file of at most 4 MiB (input_file.h).
 std::string read_text(const std::string& path) {
-  std::error_code ec;
-  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec),
-                   "--config '{}' is a directory, not a file", path);
-  std::ifstream in(path);
-  COCEMU_CHECK_ARG(in.good(), "--config: cannot open '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, "--config");
+}
+
+bool fits(const Estimate& e, double max_seconds) {
+  try {
+    check_estimate(e, max_seconds);
+    return true;
+  } catch (const Error& err) {
+    if (err.code() != Errc::too_large) throw;
+    return false;
+  }
 }
 
 bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& engine,
-                           layers::train::TrainResult* keep) {
+                           layers::train::TrainResult* keep, double max_seconds) {
   const auto& l = setup.options.layout;
   const int world = l.world();
   // auto: emulate what fits (up to 64 devices), unless a dry run would record more layer passes
-  // than the emulator records in about ten seconds on two cores; those go to the step model.
+  // than the emulator records in about ten seconds on two cores, or more than this machine's
+  // memory or the time budget allow (many iterations); those go to the step model.
   const double layer_passes = double(world) * double(setup.options.model.num_layers) / l.pp *
                               double(l.micro_batches()) * l.micro_batch_interleave;
+  const auto check_replay = [&] {
+    check_estimate(bench::estimate_step_model(
+                       setup, fmt::format("train's step model ({} micro-batches on {} stages)",
+                                          l.micro_batches(), l.pp)),
+                   max_seconds);
+  };
   if (engine == "priced") {
     COCEMU_CHECK_ARG(setup.dry_run,
                      "--engine priced prices the iteration from the cost model, without "
                      "numerics; add --dry-run ({} devices)",
                      world);
+    check_replay();
     return bench::replay_step(setup, bench::price_parts(setup));
   }
-  const bool model = engine == "model" ||
-                     (engine == "auto" && (world > kMaxEmulatedWorld ||
-                                           (setup.dry_run && layer_passes > kMaxEmulatedPasses)));
+  const std::string what = fmt::format("train on {} emulated ranks ({} iterations{})", world,
+                                       setup.options.iterations, setup.dry_run ? ", dry run" : "");
+  const bool model =
+      engine == "model" ||
+      (engine == "auto" &&
+       (world > kMaxEmulatedWorld ||
+        (setup.dry_run && (layer_passes > kMaxEmulatedPasses ||
+                           !fits(bench::estimate_train_emulated(setup, what), max_seconds)))));
   if (model) {
     COCEMU_CHECK_ARG(setup.dry_run || engine != "model",
                      "--engine model prices the iteration from the cost model, without numerics; "
@@ -84,12 +103,14 @@ bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& en
                      "{} devices are more than the {} the emulator runs with real numerics; add "
                      "--dry-run (the step model prices the iteration)",
                      world, kMaxEmulatedWorld);
+    check_replay();
     return bench::model_step(setup);
   }
   COCEMU_CHECK_ARG(world <= kMaxEmulatedWorld,
                    "--engine emulate: {} devices are more than the {} the emulator runs; use "
                    "--engine model with --dry-run",
                    world, kMaxEmulatedWorld);
+  check_estimate(bench::estimate_train_emulated(setup, what), max_seconds);
   WorldOptions w;
   w.profile = setup.profile;
   w.numerics = !setup.dry_run;
@@ -360,6 +381,7 @@ void add_train(CLI::App& app) {
   sub->add_option("--out-dir", o->out_dir, "trace, SVG and train.json go here")
       ->capture_default_str();
   sub->add_option("--json", o->json, "write the report here (default: OUT_DIR/train.json)");
+  max_seconds_option(sub, o->max_seconds);
   sub->callback([o, sub] {
     collect_flags(*o, sub);
     bench::TrainSettings settings = o->flags;
@@ -377,7 +399,7 @@ void add_train(CLI::App& app) {
     if (!o->json.empty()) check_output_file("--json", o->json);
 
     layers::train::TrainResult kept;
-    const bench::TrainReport rep = run_one(setup, o->engine, &kept);
+    const bench::TrainReport rep = run_one(setup, o->engine, &kept, time_budget(o->max_seconds));
     std::fputs(bench::format_report(rep).c_str(), stdout);
     nlohmann::json j = bench::to_json(rep);
     j["coc"] = setup.coc_name;
@@ -414,7 +436,8 @@ void add_train(CLI::App& app) {
         s.tp_comm_overlap = {};
         s.coc.set(name, "--compare-coc");
         s.coc_overrides_config = true;
-        row(name, run_one(bench::resolve_settings(s, o->dry_run), o->engine, nullptr));
+        row(name, run_one(bench::resolve_settings(s, o->dry_run), o->engine, nullptr,
+                          time_budget(o->max_seconds)));
       }
       if (!configured.empty()) row("as configured", rep);
       j["compare_coc"] = rows;

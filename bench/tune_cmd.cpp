@@ -13,6 +13,7 @@
 #include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/profile.h"
 #include "commands.h"
 
@@ -20,16 +21,9 @@ namespace cocemu::cli {
 
 namespace {
 
-/// The --config file's text (a directory or an unreadable path is a clear error).
+/// The --config file's text: a regular file of at most 4 MiB (input_file.h).
 std::string read_config(const std::string& path) {
-  std::error_code ec;
-  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec),
-                   "--config '{}' is a directory, not a file", path);
-  std::ifstream in(path);
-  COCEMU_CHECK_ARG(in.good(), "--config: cannot open '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, "--config");
 }
 
 /// customized_coc values for `--strategies` names (serial is always a candidate).

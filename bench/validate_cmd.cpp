@@ -5,6 +5,7 @@
 
 #include "cocemu/bench/validate.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
 #include "commands.h"
 
 namespace cocemu::cli {
@@ -27,11 +28,7 @@ void add_validate(CLI::App& app) {
     if (file->empty()) {
       v = bench::validate_shipped();
     } else {
-      std::ifstream f(*file);
-      COCEMU_CHECK_ARG(f.good(), "--references '{}' cannot be read", *file);
-      std::stringstream ss;
-      ss << f.rdbuf();
-      v = bench::validate(ss.str(), *file);
+      v = bench::validate(read_input_file(*file, "--references"), *file);
     }
     if (*with_plan) bench::plan_training(v);
     std::fputs(bench::format_validation(v).c_str(), stdout);

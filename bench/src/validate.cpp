@@ -19,6 +19,7 @@
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/profile.h"
 
 namespace cocemu::bench {
@@ -158,7 +159,7 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
 }  // namespace
 
 Validation validate(const std::string& text, const std::string& origin) {
-  auto top = detail::YamlReader::parse(text, origin);
+  auto top = detail::YamlReader::parse(text, origin, "validation references");
   Validation v;
   for (detail::YamlReader e : top.sequence("references")) {
     Reference r;
@@ -199,7 +200,12 @@ Validation validate(const std::string& text, const std::string& origin) {
         p.topology.inter_per_device = e.number("inter_node_per_device_bytes_per_s", 1e6, 1e15);
       r.nodes = (n + p.topology.devices_per_node - 1) / p.topology.devices_per_node;
       r.unit = "GB/s " + metric;
-      r.modeled = modeled_collective(p, op, n, bytes, t, metric == "busbw");
+      try {
+        r.modeled = modeled_collective(p, op, n, bytes, t, metric == "busbw");
+      } catch (const Error& err) {  // say which reference (a plan too large to build)
+        throw Error(err.code(), fmt::format("{}: '{}': {}", e.where(), r.name, err.message()),
+                    err.origin());
+      }
     } else if (r.kind == "gemm") {
       const std::int64_t m = e.integer("m", 1, 1 << 24), n = e.integer("n", 1, 1 << 24),
                          k = e.integer("k", 1, 1 << 24);
@@ -280,11 +286,7 @@ Validation validate(const std::string& text, const std::string& origin) {
 
 Validation validate_shipped() {
   const std::string path = config_dir() + "/validation.yaml";
-  std::ifstream f(path);
-  COCEMU_CHECK(f.good(), Errc::invalid_argument, "validate: cannot read '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return validate(ss.str(), path);
+  return validate(read_input_file(path, "validation references"), path);
 }
 
 std::string format_validation(const Validation& v) {

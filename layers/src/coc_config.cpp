@@ -9,6 +9,7 @@
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
 
 namespace cocemu::layers {
 
@@ -83,7 +84,7 @@ CocConfig parse_coc_config(const std::string& text, const std::string& origin,
                            const EnvLookup& env) {
   using detail::YamlReader;
   CocConfig c;
-  YamlReader top = YamlReader::parse(text, origin);
+  YamlReader top = YamlReader::parse(text, origin, "CoC config");
   c.matmul_soc_friendly = top.boolean_or("matmul_soc_friendly", true);
   c.recompute_all_gather = top.boolean_or("recompute_all_gather", true);
   c.enable_coc_in_column_backward = top.boolean_or("enable_coc_in_column_backward", false);
@@ -137,16 +138,7 @@ CocConfig parse_coc_config(const std::string& text, const std::string& origin,
 }
 
 CocConfig load_coc_config(const std::string& path, const EnvLookup& env) {
-  {
-    std::error_code ec;
-    COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
-                     "CoC config", path);
-  }
-  std::ifstream in(path);
-  COCEMU_CHECK_ARG(in.good(), "cannot open CoC config '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_coc_config(ss.str(), path, env);
+  return parse_coc_config(read_input_file(path, "CoC config"), path, env);
 }
 
 CocChoice choose(const CocConfig& c, std::int64_t m, std::int64_t k, std::int64_t n) {

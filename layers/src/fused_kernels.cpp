@@ -98,7 +98,9 @@ Pipeline pipeline(std::int64_t rows, const FusedOptions& o) {
   COCEMU_CHECK_ARG(o.tile_rows >= 1 && o.tiles_per_step >= 1 && o.tiles_per_step <= 15,
                    "fused kernel: tile_rows {} must be >= 1 and tiles_per_step {} in 1..15",
                    o.tile_rows, o.tiles_per_step);
-  const std::int64_t sr = o.tile_rows * o.tiles_per_step;
+  // A step holds no more rows than the kernel has: the workspace (two steps' slots) is sized by
+  // it, and tile_rows up to 2^20 must not allocate gigabytes for a few rows. Same steps.
+  const std::int64_t sr = std::min(o.tile_rows * o.tiles_per_step, std::max<std::int64_t>(rows, 1));
   return {sr, rows == 0 ? 0 : (rows + sr - 1) / sr};
 }
 

@@ -6,13 +6,14 @@
 
 #include "cocemu/runtime/detail/yaml_reader.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/names.h"
 #include "cocemu/runtime/profile.h"
 
 namespace cocemu::layers {
 
 ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
-  auto top = detail::YamlReader::parse(text, origin);
+  auto top = detail::YamlReader::parse(text, origin, "model config");
   ModelConfig m;
   m.source = origin;
   m.name = top.string("name");
@@ -55,16 +56,10 @@ ModelConfig load_model_config(const std::string& name) {
   const std::string path = is_path ? name : dir + "/" + name + ".yaml";
   {
     std::error_code ec;
-    COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
-                     "model config", path);
     COCEMU_CHECK_ARG(is_path || std::filesystem::exists(path, ec), "unknown model '{}' (no {}); {}",
                      name, path, valid_names_hint(name, yaml_names_in(dir), dir));
   }
-  std::ifstream in(path);
-  COCEMU_CHECK_ARG(in.good(), "cannot open model config '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_model_config(ss.str(), path);
+  return parse_model_config(read_input_file(path, "model config"), path);
 }
 
 }  // namespace cocemu::layers

@@ -124,6 +124,8 @@ const char* code_name(Errc c) {
       return "too_large";
     case Errc::internal:
       return "internal";
+    case Errc::resource_exhausted:
+      return "resource_exhausted";
   }
   return "unknown";
 }
@@ -131,10 +133,11 @@ const char* code_name(Errc c) {
 constexpr const char* kErrorCapsule = "cocemu.error";
 
 void raise_error(const Error& e, std::exception_ptr p) {
-  py::object inst =
-      py::reinterpret_steal<py::object>(PyObject_CallOneArg(error_type, py::str(e.what()).ptr()));
+  py::object inst = py::reinterpret_steal<py::object>(
+      PyObject_CallOneArg(error_type, py::str(user_message(e)).ptr()));
   if (!inst) return;  // the Python error set by the call stands
   inst.attr("code") = code_name(e.code());
+  inst.attr("origin") = e.origin();
   inst.attr("rank") = e.rank() >= 0 ? py::object(py::int_(e.rank())) : py::object(py::none());
   inst.attr("_cpp") =
       py::capsule(new std::exception_ptr(std::move(p)), kErrorCapsule, [](PyObject* c) {

@@ -2,12 +2,17 @@
 
 #include <cblas.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <condition_variable>
 #include <cstdlib>
 #include <iterator>
+#include <mutex>
+
+#include "cocemu/runtime/limits.h"
 
 namespace cocemu::blas {
 
@@ -15,6 +20,66 @@ namespace {
 // A static initializer of the runtime runs after the shared libraries' (OpenBLAS's included) and
 // before main.
 const int openblas_threads_at_load = openblas_get_num_threads();
+}  // namespace
+
+namespace {
+/// OpenBLAS (0.3.21, Debian 12's build) maps a 128 MiB work buffer for each call that runs while
+/// all its buffers are taken, and keeps it; when the mapping fails (RLIMIT_AS) it retries forever
+/// (blas_memory_alloc), which hung a 64-rank training step under a 6 GiB limit. So calls run at
+/// most 2 per core at a time (more would not run faster), and a call that would
+/// raise the number running past its highest so far, where OpenBLAS may map a new buffer, first
+/// maps and unmaps that much address space itself: if that fails, the call is an error naming
+/// the limit instead of a hang. (Another thread may take the room between the probe and
+/// OpenBLAS's own mapping; the window is short, and the bound keeps the buffers few.)
+class Slots {
+ public:
+  Slots() : max_running_(std::max(2, 2 * host_cores())) {}
+  void acquire() {
+    std::unique_lock lock(mu_);
+    freed_.wait(lock, [&] { return running_ < max_running_; });
+    if (running_ + 1 > high_water_) {
+      probe(running_ + 1);
+      high_water_ = running_ + 1;
+    }
+    ++running_;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu_);
+      --running_;
+    }
+    freed_.notify_one();
+  }
+
+ private:
+  static void probe(int running) {
+    constexpr std::size_t kBuffer = std::size_t(128) << 20, kSlack = std::size_t(32) << 20;
+    void* p = mmap(nullptr, kBuffer + kSlack, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    COCEMU_CHECK(p != MAP_FAILED, Errc::resource_exhausted,
+                 "a GEMM needs OpenBLAS's 128 MiB work buffer (the {} running at once) and the "
+                 "address space for it cannot be mapped; {}; use smaller sizes or fewer ranks",
+                 running, memory_limits_summary());
+    munmap(p, kBuffer + kSlack);
+  }
+  const int max_running_;
+  std::mutex mu_;
+  std::condition_variable freed_;
+  int running_ = 0, high_water_ = 0;
+};
+
+Slots& slots() {
+  static Slots s;
+  return s;
+}
+
+/// Holds one of the slots for an OpenBLAS call.
+struct Slot {
+  Slot() { slots().acquire(); }
+  ~Slot() { slots().release(); }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+};
 }  // namespace
 
 void restart_without_server_threads(char** argv) {
@@ -106,15 +171,19 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, bool tb, double alp
   const auto trans = tb ? CblasTrans : CblasNoTrans;
   const int ldb = int(tb ? k : n);
   switch (a.dtype()) {
-    case DType::f32:
+    case DType::f32: {
+      Slot slot;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, trans, int(m), int(n), int(k), float(alpha),
                   a.data<float>(), int(k), b.data<float>(), ldb, float(beta), c.data<float>(),
                   int(n));
       return;
-    case DType::f64:
+    }
+    case DType::f64: {
+      Slot slot;
       cblas_dgemm(CblasRowMajor, CblasNoTrans, trans, int(m), int(n), int(k), alpha,
                   a.data<double>(), int(k), b.data<double>(), ldb, beta, c.data<double>(), int(n));
       return;
+    }
     case DType::f16:
     case DType::bf16: {
       Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32), c32 = c.to(DType::f32);
@@ -135,6 +204,7 @@ void gemm_raw<float>(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int6
                      const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                      float* c, std::int64_t ldc) {
   if (m == 0 || n == 0) return;
+  Slot slot;
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
@@ -144,6 +214,7 @@ void gemm_raw<double>(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int
                       double alpha, const double* a, std::int64_t lda, const double* b,
                       std::int64_t ldb, double beta, double* c, std::int64_t ldc) {
   if (m == 0 || n == 0) return;
+  Slot slot;
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }

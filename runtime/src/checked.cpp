@@ -1,7 +1,6 @@
 #include "cocemu/runtime/checked.h"
 
-#include <fstream>
-#include <sstream>
+#include "cocemu/runtime/limits.h"
 
 namespace cocemu {
 
@@ -24,23 +23,13 @@ std::int64_t parse_integer(const std::string& what, const std::string& text, std
 }
 
 std::int64_t available_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream ss(line.substr(13));
-      std::int64_t kib = 0;
-      if (ss >> kib && kib > 0) return kib * 1024;
-    }
-  return std::int64_t(8) << 30;
+  return memory_limits().bytes();
 }
 
 void check_fits_in_memory(std::int64_t bytes, const std::string& what) {
-  const std::int64_t avail = available_memory_bytes();
-  COCEMU_CHECK_ARG(bytes <= avail / 2,
-                   "{} needs about {:.1f} GiB for real numerics, more than half of the {:.1f} GiB "
-                   "this machine has available; use --dry-run (shapes only) or smaller sizes",
-                   what, double(bytes) / double(1 << 30), double(avail) / double(1 << 30));
+  check_estimate({.what = what,
+                  .memory_bytes = bytes,
+                  .way_out = "use --dry-run (shapes only) or smaller sizes"});
 }
 
 }  // namespace cocemu

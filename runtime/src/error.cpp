@@ -1,5 +1,6 @@
 #include "cocemu/runtime/error.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace cocemu {
@@ -22,6 +23,8 @@ const char* to_string(Errc code) {
       return "too large to model";
     case Errc::internal:
       return "internal error";
+    case Errc::resource_exhausted:
+      return "resource exhausted";
   }
   return "unknown";
 }
@@ -30,13 +33,19 @@ namespace detail {
 void fail(Errc code, const char* condition, const char* file, int line, std::string message) {
   const char* base = std::strrchr(file, '/');
   base = base ? base + 1 : file;
-  if (condition && *condition)
-    message +=
-        fmt::format(" [{}: check `{}` failed at {}:{}]", to_string(code), condition, base, line);
-  else
-    message += fmt::format(" [{} at {}:{}]", to_string(code), base, line);
-  throw Error(code, std::move(message));
+  std::string origin =
+      condition && *condition
+          ? fmt::format("[{}: check `{}` failed at {}:{}]", to_string(code), condition, base, line)
+          : fmt::format("[{} at {}:{}]", to_string(code), base, line);
+  throw Error(code, std::move(message), std::move(origin));
 }
 }  // namespace detail
+
+std::string user_message(const std::exception& e) {
+  const char* debug = std::getenv("COCEMU_DEBUG");
+  if (debug && std::strcmp(debug, "0") != 0 && *debug) return e.what();
+  if (const auto* err = dynamic_cast<const Error*>(&e)) return err->message();
+  return e.what();
+}
 
 }  // namespace cocemu

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/input_file.h"
+#include "cocemu/runtime/limits.h"
 
 namespace cocemu {
 
@@ -231,14 +233,9 @@ Tensor parse_npy(std::string_view bytes, const std::string& name) {
 }
 
 Tensor read_npy(const std::string& path) {
-  std::error_code ec;
-  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec),
-                   "'{}' is a directory, not an .npy file", path);
-  std::ifstream in(path, std::ios::binary);
-  COCEMU_CHECK_ARG(in.good(), "cannot open .npy file '{}'", path);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  COCEMU_CHECK_ARG(!in.bad(), "error while reading '{}'", path);
-  return parse_npy(bytes, path);
+  // The array is copied once into its tensor: the file may take up to a quarter of the memory
+  // this process may still use.
+  return parse_npy(read_input_file(path, ".npy file", memory_limits().bytes() / 4), path);
 }
 
 std::int64_t count_non_finite(const Tensor& t) {

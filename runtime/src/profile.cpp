@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "cocemu/runtime/detail/yaml_reader.h"
+#include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/names.h"
 
 namespace cocemu {
@@ -126,24 +127,9 @@ namespace {
 constexpr int kMaxBaseDepth = 4;
 
 /// A profile file's text: a regular file of at most 4 MiB (not a directory, nor a device or a
-/// file of /proc, whose reads may never end: those report size 0 and are read as empty).
+/// named pipe, whose reads may block or never end).
 std::string read_profile_file(const std::string& path) {
-  std::error_code ec;
-  COCEMU_CHECK_ARG(!std::filesystem::is_directory(path, ec), "{} '{}' is a directory, not a file",
-                   "device profile", path);
-  COCEMU_CHECK_ARG(std::filesystem::exists(path, ec), "cannot open device profile '{}'", path);
-  COCEMU_CHECK_ARG(std::filesystem::is_regular_file(path, ec),
-                   "device profile '{}' is not a regular file", path);
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  COCEMU_CHECK_ARG(!ec && size <= (std::uintmax_t(4) << 20),
-                   "device profile '{}': {} bytes; profiles are at most 4 MiB", path,
-                   ec ? 0 : size);
-  if (size == 0) return "";
-  std::ifstream in(path);
-  COCEMU_CHECK_ARG(in.good(), "cannot open device profile '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, "device profile");
 }
 
 /// Where a name or path of a profile lives: a name is configs/devices/<name>.yaml; a path (with a
@@ -183,7 +169,7 @@ struct Parsed {
 /// own file and line), and this document's keys overlay the base's resolved tree.
 Parsed parse_profile(const std::string& text, const std::string& origin, int depth) {
   using detail::YamlReader;
-  YamlReader top = YamlReader::parse(text, origin);
+  YamlReader top = YamlReader::parse(text, origin, "device profile");
   if (top.has("base")) {
     COCEMU_CHECK(top.has("name"), Errc::parse_error,
                  "{}: a profile with a base must give its own 'name' (it would take the base's)",
@@ -197,7 +183,7 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
     try {
       base_text = read_profile_file(path);
     } catch (const Error& e) {
-      COCEMU_FAIL(Errc::parse_error, "{}: base '{}': {}", where, base, e.what());
+      COCEMU_FAIL(Errc::parse_error, "{}: base '{}': {}", where, base, e.message());
     }
     YAML::Node merged = overlay(parse_profile(base_text, path, depth + 1).tree, top.node());
     merged.remove("base");
@@ -207,6 +193,10 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
   DeviceProfile p;
   p.source = origin;
   p.name = top.string("name");
+  COCEMU_CHECK(p.name.find_first_not_of(" \t") != std::string::npos, Errc::parse_error,
+               "{}: 'name' is empty; a profile needs a name (reports, traces and derived profiles "
+               "show it)",
+               top.where(tree["name"]));
   top.string_or("description", "");
   if (top.has("topology")) {
     for (const char* old_key : {"ranks_per_node", "links"})

@@ -97,14 +97,17 @@ class BlockCache {
     if (bytes >= kHugeFrom) madvise(p, bytes, MADV_HUGEPAGE);
     return p;
   }
-  void put(std::byte* p, std::size_t bytes) {
-    {
+  /// Called by a tensor's deleter, which must not throw: when the map's node cannot be
+  /// allocated (the process is out of memory), the block is freed instead of kept.
+  void put(std::byte* p, std::size_t bytes) noexcept {
+    try {
       std::lock_guard lock(mu_);
       if (cached_ + bytes <= kCacheLimit) {
         free_.emplace(bytes, p);
         cached_ += bytes;
         return;
       }
+    } catch (const std::bad_alloc&) {
     }
     ::operator delete[](p, align_for(bytes));
   }

@@ -6,11 +6,73 @@
 #include <unordered_map>
 
 #include "cocemu/runtime/blas.h"
+#include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/limits.h"
 
 namespace cocemu {
 
 namespace detail {
+
+/// "stream 'compute' op 'matmul 64x64x64'": where a stream op failed.
+std::string op_where(const std::string& stream, const OpRecord* op) {
+  return op ? fmt::format("stream '{}' op '{}'", stream, op->name)
+            : fmt::format("stream '{}'", stream);
+}
+
+/// A failure as the error `run` reports: what was thrown, with `where` it happened (a stream and
+/// its op, the host thread) when the error does not say it itself — an allocation or another
+/// resource that ran out (`wrap_resource`: also a cocemu::Error of that kind), anything that is
+/// not a cocemu::Error.
+std::exception_ptr describe_failure(std::exception_ptr e, std::string_view where,
+                                    bool wrap_resource) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    if (err.code() != Errc::resource_exhausted || !wrap_resource) return e;
+    return std::make_exception_ptr(
+        Error(err.code(), fmt::format("{}: {}", where, err.message()), err.origin()));
+  } catch (const std::bad_alloc&) {
+    return std::make_exception_ptr(
+        Error(Errc::resource_exhausted,
+              fmt::format("{}: out of memory (std::bad_alloc); {}; use smaller sizes, fewer "
+                          "ranks, or --dry-run",
+                          where, memory_limits_summary())));
+  } catch (const std::system_error& err) {
+    return std::make_exception_ptr(Error(
+        Errc::resource_exhausted, fmt::format("{}: {} ({}; {})", where, err.what(),
+                                              memory_limits_summary(), thread_limits_summary())));
+  } catch (const std::exception& err) {
+    return std::make_exception_ptr(
+        Error(Errc::rank_exception, fmt::format("{} threw: {}", where, err.what())));
+  } catch (...) {
+    return std::make_exception_ptr(
+        Error(Errc::rank_exception, fmt::format("{} threw a non-standard exception", where)));
+  }
+}
+
+/// describe_failure, called where nothing may escape (a catch handler at the top of a stream's
+/// or a rank's thread): when the description cannot be built either (the process is out of
+/// memory), the original exception is kept as it is, and `run` names it once the ranks have
+/// unwound and freed what they held.
+std::exception_ptr op_failure(std::exception_ptr e, std::string_view where,
+                              bool wrap_resource = true) noexcept {
+  try {
+    return describe_failure(e, where, wrap_resource);
+  } catch (...) {
+    return e;
+  }
+}
+
+/// The same for a stream op (`op` null: the stream itself), naming it as op_where does.
+std::exception_ptr op_failure(std::exception_ptr e, const std::string& stream,
+                              const OpRecord* op) noexcept {
+  try {
+    return describe_failure(e, op_where(stream, op), true);
+  } catch (...) {
+    return e;
+  }
+}
 
 /// Waits on other streams allow longer than the waits they cover, so that when a collective hangs,
 /// the innermost wait (which knows the group, sequence number and missing peers) is the one
@@ -115,13 +177,18 @@ struct StreamImpl {
       }
       return true;
     } catch (...) {
-      {
-        std::lock_guard lock(error_mu);
-        error = std::current_exception();
-      }
-      world->abort(rank->id(), error);
+      fail(op_failure(std::current_exception(), name, t.record));
       return false;
     }
+  }
+
+  /// Records this stream's failure and aborts the world (every wait wakes and unwinds).
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard lock(error_mu);
+      if (!error) error = e;
+    }
+    world->abort(rank->id(), e);
   }
 
   /// With `exec_mu` held: runs the stream's next step — the next queued op when none is started,
@@ -388,10 +455,25 @@ Stream& Rank::new_stream(const std::string& name) {
                           world_->options().schedule_seed};
   detail::StreamImpl* raw = impl.get();
   streams_.push_back(std::unique_ptr<Stream>(new Stream(std::move(impl))));
-  raw->worker = std::thread([raw] {
-    raw->work();
-    raw->exited.store(true, std::memory_order_release);
-  });
+  try {
+    raw->worker = std::thread([raw] {
+      // Anything that escapes the ops' own handling (the queue's bookkeeping running out of
+      // memory) fails the stream and the world instead of terminating the process.
+      try {
+        raw->work();
+      } catch (...) {
+        raw->fail(detail::op_failure(std::current_exception(), raw->name, nullptr));
+      }
+      raw->exited.store(true, std::memory_order_release);
+    });
+  } catch (const std::system_error& e) {
+    streams_.pop_back();
+    graph().lane_names.pop_back();
+    COCEMU_FAIL(Errc::resource_exhausted,
+                "rank {}: cannot start the worker thread of stream '{}': {} ({}); use fewer "
+                "ranks, or raise the limit",
+                id_, name, e.what(), thread_limits_summary());
+  }
   return *streams_.back();
 }
 
@@ -572,26 +654,52 @@ std::int64_t World::wall_now_ns() const {
 
 RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn) {
   World world(options);
+  if (options.estimate_bytes_per_rank >= 0) {
+    // A rank thread, its compute and comm streams and the extra streams the caller names.
+    const std::int64_t n = world.size();
+    check_estimate(
+        {.what = fmt::format("a run of {} ranks", n),
+         .memory_bytes = checked_mul(n, options.estimate_bytes_per_rank + kRankOverheadBytes,
+                                     "run: ranks x bytes per rank"),
+         .threads = n * (3 + options.estimate_extra_streams),
+         .way_out = "use fewer ranks or smaller sizes"});
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   threads.reserve(std::size_t(world.size()));
   for (int r = 0; r < world.size(); ++r) {
-    threads.emplace_back([&world, &fn, r] {
-      try {
-        Rank rank(world, r);
+    // A thread that cannot start fails the run like a rank that threw: the ranks already
+    // running are woken from their waits and unwound, and joined below.
+    try {
+      threads.emplace_back([&world, &fn, r] {
         try {
-          world.set_activity(r, 0, "running");
-          fn(rank);
-          rank.synchronize();
-          world.set_activity(r, 0, "finished");
-        } catch (...) {
-          world.set_activity(r, 0, "failed");
-          world.abort(r, std::current_exception());
+          Rank rank(world, r);
+          try {
+            world.set_activity(r, 0, "running");
+            fn(rank);
+            rank.synchronize();
+            world.set_activity(r, 0, "finished");
+          } catch (...) {
+            world.set_activity(r, 0, "failed");
+            world.abort(r, detail::op_failure(std::current_exception(), "host thread"));
+          }
+        } catch (...) {  // the rank could not be set up (its streams' threads)
+          world.abort(r, detail::op_failure(std::current_exception(), "starting the rank", false));
         }
-      } catch (...) {
-        world.abort(r, std::current_exception());
+      });
+    } catch (const std::system_error& e) {
+      const std::exception_ptr cause = std::current_exception();
+      try {
+        world.abort(r, std::make_exception_ptr(Error(
+                           Errc::resource_exhausted,
+                           fmt::format("cannot start the thread of rank {} ({} of {} started): {} "
+                                       "({}); use fewer ranks, or raise the limit",
+                                       r, r, world.size(), e.what(), thread_limits_summary()))));
+      } catch (const std::bad_alloc&) {  // no memory for the message: the cause as it is
+        world.abort(r, cause);
       }
-    });
+      break;
+    }
   }
   for (auto& t : threads)
     t.join();
@@ -600,12 +708,24 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
     try {
       std::rethrow_exception(e);
     } catch (const Error& err) {
-      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.what()), r);
+      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.message()), err.origin(), r);
+    } catch (const std::bad_alloc&) {  // kept as thrown when memory ran out describing it
+      throw Error(Errc::resource_exhausted,
+                  fmt::format("rank {} failed: out of memory (std::bad_alloc); {}; use smaller "
+                              "sizes, fewer ranks, or --dry-run",
+                              r, memory_limits_summary()),
+                  std::string{}, r);
+    } catch (const std::system_error& ex) {
+      throw Error(Errc::resource_exhausted,
+                  fmt::format("rank {} failed: {} ({}; {})", r, ex.what(), memory_limits_summary(),
+                              thread_limits_summary()),
+                  std::string{}, r);
     } catch (const std::exception& ex) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()), r);
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()),
+                  std::string{}, r);
     } catch (...) {
       throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r),
-                  r);
+                  std::string{}, r);
     }
   }
   RunResult result;

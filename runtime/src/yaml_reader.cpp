@@ -1,9 +1,15 @@
 #include "cocemu/runtime/detail/yaml_reader.h"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 
 namespace cocemu::detail {
 
@@ -18,9 +24,9 @@ namespace {
 /// Every mapping of the document: duplicate keys are errors (yaml-cpp keeps the first silently),
 /// and nesting is bounded.
 void check_tree(const YAML::Node& n, const std::string& file, int depth) {
-  COCEMU_CHECK(depth <= 32, Errc::parse_error,
-               "{}:{}: nested more than 32 levels deep; configuration files are flat", file,
-               n.Mark().line + 1);
+  COCEMU_CHECK(depth <= kMaxYamlDepth, Errc::parse_error,
+               "{}:{}: nested more than {} levels deep; configuration files are flat", file,
+               n.Mark().line + 1, kMaxYamlDepth);
   if (n.IsMap()) {
     std::set<std::string> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
@@ -39,6 +45,121 @@ void check_tree(const YAML::Node& n, const std::string& file, int depth) {
   }
 }
 
+/// A walk over the document's parse events before it is loaded, bounding what the tree would
+/// make every later pass do: nesting at most kMaxYamlDepth deep (checked on the way down, before
+/// yaml-cpp's own recursion limit turns it into "bad file"), and aliases adding at most
+/// kMaxYamlAliasNodes nodes in all, each alias counting every node of what it names with that
+/// node's own aliases expanded (yaml-cpp shares an aliased node, but every walk over the tree —
+/// the checks below, a derived profile's overlay — visits it once per alias: eight levels of
+/// nine aliases each are 9^8 = 43 million nodes in a few hundred bytes of text).
+class Bounds : public YAML::EventHandler {
+ public:
+  Bounds(const std::string& file, const std::string& what) : file_(file), what_(what) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { leaf(mark, anchor); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                const std::string&) override {
+    leaf(mark, anchor);
+  }
+  void OnAnchor(const YAML::Mark&, const std::string& name) override { pending_name_ = name; }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    const auto it = anchors_.find(anchor);
+    // An alias of a node still open (its own descendant) counts as one node.
+    const std::int64_t nodes = it == anchors_.end() ? 1 : it->second.nodes;
+    alias_nodes_ += nodes;
+    COCEMU_CHECK(
+        alias_nodes_ <= kMaxYamlAliasNodes, Errc::parse_error,
+        "{}:{}: {}aliases expand to more than {} nodes (this one, *{}, repeats the {} nodes of "
+        "line {}); configuration files are small: write the values out, or alias less",
+        file_, mark.line + 1, what_.empty() ? "" : "in the " + what_ + ": ", kMaxYamlAliasNodes,
+        it == anchors_.end() ? "?" : it->second.name, nodes,
+        it == anchors_.end() ? 0 : it->second.line);
+    add(nodes);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    open(mark, anchor);
+  }
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    open(mark, anchor);
+  }
+  void OnMapEnd() override { close(); }
+
+ private:
+  struct Frame {
+    YAML::anchor_t anchor;
+    std::string name;
+    int line;
+    std::int64_t nodes;
+  };
+  struct Anchored {
+    std::string name;
+    int line;
+    std::int64_t nodes;
+  };
+  void add(std::int64_t nodes) {
+    if (!stack_.empty()) stack_.back().nodes += nodes;
+  }
+  void leaf(const YAML::Mark& mark, YAML::anchor_t anchor) {
+    if (anchor) anchors_[anchor] = {std::exchange(pending_name_, {}), mark.line + 1, 1};
+    add(1);
+  }
+  void open(const YAML::Mark& mark, YAML::anchor_t anchor) {
+    COCEMU_CHECK(stack_.size() < std::size_t(kMaxYamlDepth), Errc::parse_error,
+                 "{}:{}: {}nested more than {} levels deep; configuration files are flat", file_,
+                 mark.line + 1, what_.empty() ? "" : "in the " + what_ + ": ", kMaxYamlDepth);
+    stack_.push_back({anchor, anchor ? std::exchange(pending_name_, {}) : "", mark.line + 1, 1});
+  }
+  void close() {
+    const Frame f = stack_.back();
+    stack_.pop_back();
+    if (f.anchor) anchors_[f.anchor] = {f.name, f.line, f.nodes};
+    add(f.nodes);
+  }
+
+  const std::string& file_;
+  const std::string& what_;
+  std::vector<Frame> stack_;
+  std::unordered_map<YAML::anchor_t, Anchored> anchors_;
+  std::string pending_name_;
+  std::int64_t alias_nodes_ = 0;
+};
+
+/// yaml-cpp's message for a syntax error, said so a person can act on it.
+std::string explain(const YAML::Exception& e, const std::string& text) {
+  if (e.msg == YAML::ErrorMsg::MAP_VALUE && !e.mark.is_null()) {
+    // The line of the error: a key longer than YAML's 1024-character limit for implicit keys
+    // ends up here too.
+    std::size_t at = 0;
+    for (int l = 0; l < e.mark.line && at != std::string::npos; ++l) {
+      at = text.find('\n', at);
+      if (at != std::string::npos) ++at;
+    }
+    if (at != std::string::npos) {
+      const std::size_t end = std::min(text.find('\n', at), text.size());
+      const std::string_view line(text.data() + at, end - at);
+      const std::size_t colon = line.find(": ");
+      const std::size_t key = colon == std::string_view::npos ? line.size() : colon;
+      if (key > 1024)
+        return fmt::format(
+            "a key of {} characters; YAML allows at most 1024 in a key on one line (yaml-cpp: "
+            "{})",
+            key, e.msg);
+    }
+    return fmt::format(
+        "a ':' where no value can start, e.g. 'a: b: c' on one line (quote a value that contains "
+        "': ') (yaml-cpp: {})",
+        e.msg);
+  }
+  if (e.msg == YAML::ErrorMsg::BAD_FILE && !e.mark.is_null())
+    return fmt::format("nested too deeply for the YAML parser (yaml-cpp: {})", e.msg);
+  return e.msg;
+}
+
 bool is_utf8(const std::string& s) {
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
@@ -53,9 +174,11 @@ bool is_utf8(const std::string& s) {
 
 }  // namespace
 
-YamlReader YamlReader::parse(const std::string& text, const std::string& file) {
+YamlReader YamlReader::parse(const std::string& text, const std::string& file,
+                             const std::string& what) {
+  const std::string in_what = what.empty() ? "" : "in the " + what + ": ";
   COCEMU_CHECK(text.size() <= (std::size_t(4) << 20), Errc::parse_error,
-               "{}: {} bytes; configuration files are at most 4 MiB", file, text.size());
+               "{}: {}{} bytes; configuration files are at most 4 MiB", file, in_what, text.size());
   // One document only. Found by scanning for document markers after content, not with
   // YAML::LoadAll, which can loop on malformed input (found by fuzzing yaml-cpp 0.7).
   {
@@ -76,12 +199,23 @@ YamlReader YamlReader::parse(const std::string& text, const std::string& file) {
   }
   YAML::Node root;
   try {
+    {
+      std::istringstream in(text);
+      YAML::Parser parser(in);
+      Bounds bounds(file, what);
+      parser.HandleNextDocument(bounds);
+    }
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    COCEMU_FAIL(Errc::parse_error, "{}:{}:{}: YAML syntax error: {}", file, e.mark.line + 1,
-                e.mark.column + 1, e.msg);
+    COCEMU_FAIL(Errc::parse_error, "{}:{}:{}: {}YAML syntax error: {}", file, e.mark.line + 1,
+                e.mark.column + 1, in_what, explain(e, text));
   }
-  COCEMU_CHECK(root.IsMap(), Errc::parse_error, "{}: the document must be a mapping", file);
+  COCEMU_CHECK(root.IsMap(), Errc::parse_error,
+               "{}: {}the document must be a mapping of keys to values, not {}", file, in_what,
+               root.IsNull()       ? "empty"
+               : root.IsScalar()   ? "a plain value"
+               : root.IsSequence() ? "a list"
+                                   : "this");
   check_tree(root, file, 0);
   return YamlReader(root, file, "");
 }

@@ -191,11 +191,10 @@ void check_request(const PlanQuery& r) {
 
 }  // namespace
 
-std::vector<TrainLayout> enumerate_layouts(const PlanQuery& r) {
+void for_each_layout(const PlanQuery& r, const std::function<void(const TrainLayout&)>& visit) {
   check_request(r);
   const int world = world_of(r), per_node = r.profile->topology.devices_per_node;
   const auto& m = r.model;
-  std::vector<TrainLayout> out;
   for (const int tp : powers_of_two_up_to(per_node))
     for (const int cp : powers_of_two_up_to(r.max_cp))
       for (const char* algo : {"megatron_cp_algo", "ulysses_cp_algo"}) {
@@ -232,13 +231,18 @@ std::vector<TrainLayout> enumerate_layouts(const PlanQuery& r) {
                       l.sequence_parallel = sp && tp > 1;
                       l.micro_batch_interleave = copies;
                       l.dtype = r.dtype;
-                      out.push_back(l);
+                      visit(l);
                     }
                   }
                 }
           }
         }
       }
+}
+
+std::vector<TrainLayout> enumerate_layouts(const PlanQuery& r) {
+  std::vector<TrainLayout> out;
+  for_each_layout(r, [&](const TrainLayout& l) { out.push_back(l); });
   return out;
 }
 

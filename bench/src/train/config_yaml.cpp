@@ -212,7 +212,7 @@ void read_layout_fields(YamlReader& t, TrainSettings& s) {
 }
 
 TrainSettings parse_train_config(const std::string& text, const std::string& origin) {
-  auto top = YamlReader::parse(text, origin);
+  auto top = YamlReader::parse(text, origin, "training config");
   TrainSettings s;
   std::vector<std::string> ignored, refused_hint;
   bool interleave = false;

@@ -23,10 +23,20 @@ inline std::vector<int> reduction_order(int n, int s, bool deterministic) {
   return order;
 }
 
-/// Refuses a ring or direct plan of more than kMaxFlatPlanSteps steps per phase.
+/// Refuses a ring or direct plan of more than kMaxFlatPlanSteps steps per phase. An op that
+/// splits `count` into n segments has n · min(n, count) of them; all_gather, reduce_scatter,
+/// gather, scatter and all_to_all count each member's own piece, and every piece meets every
+/// member (n² steps however small the pieces: a ring all_gather of 4 elements over 65,536
+/// members is 4·10⁹ steps).
 inline void check_flat_plan_size(const PlanRequest& req, const char* algorithm) {
   const double n = double(req.n);
-  const double steps = n * std::min(n, double(std::max<std::int64_t>(req.count, 1)));
+  const bool per_member = req.op == CollOp::all_gather || req.op == CollOp::reduce_scatter ||
+                          req.op == CollOp::gather || req.op == CollOp::scatter ||
+                          req.op == CollOp::all_to_all;
+  const double steps =
+      req.count <= 0
+          ? n
+          : n * (per_member ? n : std::min(n, double(std::max<std::int64_t>(req.count, 1))));
   COCEMU_CHECK(steps <= kMaxFlatPlanSteps, Errc::too_large,
                "a {} {} of {} elements over {} members needs a plan of {:.3g} steps per phase "
                "(every member with every segment); at most {:.3g} are built: use smaller groups "

@@ -30,6 +30,16 @@ Plan build_hierarchical_plan(const PlanRequest& req) {
   // runs chunk r's reduce-scatter, chunk r−1's inter-node exchange and chunk r−2's all-gather,
   // which use different links (or both directions of the fabric), so a round costs the slowest
   // of them. One chunk per 2^20 elements, at most 8.
+  // Each of the inter-node steps (one per non-empty sub-segment: min(L·N, count) of them) reads
+  // from and writes to all N nodes, unbounded by the flat plans' check (an all_reduce of 1 MiB
+  // over 65,536 members is 5·10⁸ references, tens of GB). Refused past four flat plans' worth.
+  const double refs =
+      std::min(double(L) * double(N), double(std::max<std::int64_t>(req.count, 1))) * double(N);
+  COCEMU_CHECK(refs <= kMaxFlatPlanSteps * 4, Errc::too_large,
+               "a hierarchical {} of {} elements over {} nodes of {} members needs {:.3g} buffer "
+               "references per chunk (each local index's inter-node step reads and writes every "
+               "node); at most {:.3g} are built: use fewer nodes or smaller groups",
+               to_string(req.op), req.count, N, L, refs, kMaxFlatPlanSteps * 4);
   const std::int64_t c = req.count;
   const int chunks = int(std::clamp<std::int64_t>(c >> 20, 1, 8));
   Plan plan{req.op, Algorithm::hierarchical, {}, c};

@@ -24,11 +24,12 @@ inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::strin
 std::int64_t parse_integer(const std::string& what, const std::string& text, std::int64_t lo,
                            std::int64_t hi);
 
-/// Bytes of memory this machine can still give (MemAvailable), or 8 GiB when unknown.
+/// Bytes of memory this process may still use (limits.h: the least of MemAvailable, the cgroup's
+/// room and RLIMIT_AS's), or 8 GiB when unknown.
 std::int64_t available_memory_bytes();
 
-/// Refuses up front a real-numerics request estimated at `bytes` that does not fit, saying what
-/// would (`what` names the request and its options).
+/// Refuses up front (Errc::too_large) a real-numerics request estimated at `bytes` that needs more
+/// than half of that, saying what would fit (`what` names the request and its options).
 void check_fits_in_memory(std::int64_t bytes, const std::string& what);
 
 }  // namespace cocemu

@@ -114,7 +114,18 @@ struct WorldOptions {
   std::chrono::milliseconds timeout = default_timeout();
   std::uint64_t schedule_seed = default_schedule_seed();
   bool record_wall_times = true;
+  /// When >= 0, `run` first checks (limits.h check_estimate) that n_ranks × (this many bytes +
+  /// kRankOverheadBytes), and under RLIMIT_AS the threads' stacks, fit in half of the memory the
+  /// process may still use, and refuses with Errc::too_large before starting any thread if not.
+  /// A caller that knows its per-rank footprint sets it; -1 (default): no estimate.
+  std::int64_t estimate_bytes_per_rank = -1;
+  /// Streams per rank beyond compute and comm that the caller creates, for that estimate.
+  int estimate_extra_streams = 0;
 };
+
+/// Host memory a rank takes beyond the caller's tensors: its streams, queues and op records
+/// (assumption: a few hundred op records of ~200 bytes plus the threads' touched stack pages).
+inline constexpr std::int64_t kRankOverheadBytes = std::int64_t(1) << 20;
 
 /// Everything a finished run leaves behind: the recorded graph and its modeled schedule.
 struct RunResult {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -100,6 +101,9 @@ PlanResult plan(const PlanQuery& request);
 
 /// The space as plan enumerates it, before pruning (for tests that enumerate independently).
 std::vector<layers::train::TrainLayout> enumerate_layouts(const PlanQuery& request);
+/// The same space, one layout at a time, without holding it (what estimate_plan counts).
+void for_each_layout(const PlanQuery& request,
+                     const std::function<void(const layers::train::TrainLayout&)>& visit);
 /// Why plan prunes a layout ("" = it is evaluated), and its evaluation.
 /// `memo` (optional): the search's shared schedules, for the memory estimate.
 std::string prune_reason(const PlanQuery& request, const layers::train::TrainLayout& layout,

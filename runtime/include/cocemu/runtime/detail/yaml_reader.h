@@ -3,6 +3,7 @@
 /// range; errors name file:line. Shared by all configuration parsers.
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,11 +12,21 @@
 
 namespace cocemu::detail {
 
+/// Nesting a configuration file may have, at most.
+inline constexpr int kMaxYamlDepth = 32;
+/// Nodes that aliases (*name) may add to a document, in all, each alias counting every node of
+/// what it names: configuration files are small, and every walk over the tree visits an aliased
+/// node once per alias.
+inline constexpr std::int64_t kMaxYamlAliasNodes = 100000;
+
 class YamlReader {
  public:
   YamlReader(YAML::Node node, std::string file, std::string path);
-  /// Parses text; syntax errors become parse errors with file:line.
-  static YamlReader parse(const std::string& text, const std::string& file);
+  /// Parses text; syntax errors (yaml-cpp's, said plainly), nesting deeper than kMaxYamlDepth and
+  /// aliases expanding past kMaxYamlAliasNodes become parse errors with file:line and `what` was
+  /// being read ("device profile"), before the tree is built.
+  static YamlReader parse(const std::string& text, const std::string& file,
+                          const std::string& what = "");
 
   bool has(const std::string& key) const;
   double number(const std::string& key, double min, double max);

@@ -223,7 +223,9 @@ layers::train::DecoderShape load_decoder(const std::string& name_or_path, std::s
           .num_layers = mc.num_layers,
           .vocab = mc.vocab_size,
           .seq = mc.seq_length,
-          .swiglu = mc.swiglu};
+          .swiglu = mc.swiglu,
+          .flash_attention = mc.flash_attention,
+          .masked_softmax_fusion = mc.masked_softmax_fusion};
 }
 
 TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {

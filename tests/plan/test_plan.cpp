@@ -469,7 +469,7 @@ TEST(PlanCli, WinnerReproducesInTrain) {
       << train;
   // dynamic_programming: an uneven partition reproduces too (train's stage_layers).
   const auto d = run_json(
-      "plan --model bloom-176b --nodes 14 --global-batch 112 "
+      "plan --model bloom-176b --nodes 12 --global-batch 112 "
       "--search-mode dynamic_programming --no-heuristic-compare --out-dir " +
           dir + "/dp",
       dir + "/dp.json", &out);

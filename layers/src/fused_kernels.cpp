@@ -102,18 +102,20 @@ Pipeline pipeline(std::int64_t rows, const FusedOptions& o) {
   return {sr, rows == 0 ? 0 : (rows + sr - 1) / sr};
 }
 
-/// The steps a kernel is priced with: the vendor kernel's own where the profile gives them
-/// (`fused.step_bytes` of communicated rows per rank per step, or one step per rank for a ring
-/// exchange), else the options' tiling, which the numerics always use (they do not depend on
+/// The steps a kernel is priced with: the vendor kernel's own where the profile gives them (steps
+/// of about step_bytes of communicated rows per rank, one per rank for a ring exchange, or a
+/// fixed count), else the options' tiling, which the numerics always use (they do not depend on
 /// it). `row_bytes`: one communicated row.
-Pipeline priced_pipeline(const DeviceProfile& p, std::int64_t rows, std::int64_t row_bytes,
-                         int ranks, const Pipeline& tiled) {
+Pipeline priced_pipeline(const FusedKernelCost::Steps& rule, std::int64_t rows,
+                         std::int64_t row_bytes, int ranks, const Pipeline& tiled) {
   if (rows == 0) return tiled;
   std::int64_t step_rows = tiled.step_rows;
-  if (p.fused.ring_steps)
+  if (rule.ring)
     step_rows = (rows + ranks - 1) / ranks;
-  else if (p.fused.step_bytes > 0)
-    step_rows = std::max<std::int64_t>(1, std::int64_t(p.fused.step_bytes) / row_bytes);
+  else if (rule.count > 0)
+    step_rows = (rows + rule.count - 1) / rule.count;
+  else if (rule.step_bytes > 0)
+    step_rows = std::max<std::int64_t>(1, std::int64_t(rule.step_bytes) / row_bytes);
   return {step_rows, (rows + step_rows - 1) / step_rows};
 }
 
@@ -237,12 +239,19 @@ PipelineCost price_steps(const DeviceProfile& profile, const Pipeline& tiled, st
   if (tiled.steps == 0) return {};
   // A gather communicates the input's rows (k wide), the reductions the output's (n wide).
   const std::int64_t row_bytes = (op == CollOp::all_gather ? k : n) * std::int64_t(size_of(t));
-  const Pipeline pl = priced_pipeline(profile, rows, row_bytes, n_ranks, tiled);
+  const FusedKernelCost::Steps& rule =
+      kind == FusedKind::all_gather_matmul ? profile.fused.gather : profile.fused.reduce;
+  const Pipeline pl = priced_pipeline(rule, rows, row_bytes, n_ranks, tiled);
   const double gemm_bytes = gemm_memory_bytes(m, n, k, t);
   const auto cost = [&](std::int64_t h) {
-    const auto [gemm_ns, count] = per_step(h);
+    auto [gemm, count] = per_step(h);
+    // Split GEMMs (TE): each step's matmul at its own size; a step computes its h rows of every
+    // rank's block, except the all-reduce kernel's h rows.
+    if (rule.separate_gemms)
+      gemm = gemm_ns(profile, kind == FusedKind::matmul_all_reduce ? h : h * n_ranks, n, k, t);
     StepCost s;
-    s.compute = gemm_ns;
+    // The matmul runs on what the kernel's transfers leave it (TE's SM margin), the whole kernel.
+    s.compute = gemm * rule.compute_slowdown;
     s.compute_bytes = gemm_bytes * double(h) / double(rows);
     s.comm = comm_cost(profile, op, n_ranks, count, t, &s.comm_bytes);
     return s;

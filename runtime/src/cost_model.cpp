@@ -99,7 +99,8 @@ double attention_memory_bytes(std::int64_t heads, std::int64_t s_q, std::int64_t
 
 double memory_ns(const DeviceProfile& p, std::uint64_t bytes) {
   return std::max(double(bytes) / (p.memory_bandwidth * p.memory_in_training_efficiency) * 1e9,
-                  p.kernel_min_ns);
+                  p.kernel_min_ns) +
+         p.kernel_overhead_ns;
 }
 
 double launch_ns(const DeviceProfile& p, LaunchKind kind) {

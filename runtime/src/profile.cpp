@@ -255,6 +255,8 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
   p.gemm.unaligned_efficiency = gemm.number("unaligned_efficiency", 0.01, 1.0);
   gemm.finish();
   p.kernel_min_ns = compute.number("kernel_min_ns", 0, 1e7);
+  if (compute.has("kernel_overhead_ns"))
+    p.kernel_overhead_ns = compute.number("kernel_overhead_ns", 0, 1e7);
   if (compute.has("in_training_efficiency"))
     p.in_training_efficiency = compute.number("in_training_efficiency", 0.01, 1.0);
   if (compute.has("attention_efficiency"))
@@ -330,12 +332,28 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
     YamlReader f = top.map("fused");
     FusedKernelCost& c = p.fused;
     c.step_overhead_ns = f.number("step_overhead_ns", 0, 1e8);
-    if (f.has("step_bytes")) c.step_bytes = f.number("step_bytes", 1, 1e12);
-    c.ring_steps = f.boolean_or("ring_steps", false);
-    COCEMU_CHECK(!(c.ring_steps && c.step_bytes > 0), Errc::parse_error,
-                 "{}: fused.step_bytes and fused.ring_steps both set; a kernel's steps are "
-                 "one or the other",
-                 f.where());
+    // step_bytes: both kinds' steps; gather_steps / reduce_steps: one kind's.
+    if (f.has("step_bytes"))
+      c.gather.step_bytes = c.reduce.step_bytes = f.number("step_bytes", 1, 1e12);
+    for (const char* kind : {"gather_steps", "reduce_steps"}) {
+      if (!f.has(kind)) continue;
+      COCEMU_CHECK(!f.has("step_bytes"), Errc::parse_error,
+                   "{}: fused.step_bytes (both kinds' steps) and fused.{} both set; give one",
+                   f.where(), kind);
+      YamlReader k = f.map(kind);
+      FusedKernelCost::Steps& st = std::string(kind) == "gather_steps" ? c.gather : c.reduce;
+      if (k.has("step_bytes")) st.step_bytes = k.number("step_bytes", 1, 1e12);
+      st.ring = k.boolean_or("ring", false);
+      if (k.has("count")) st.count = int(k.integer("count", 1, 1 << 20));
+      if (k.has("compute_slowdown")) st.compute_slowdown = k.number("compute_slowdown", 1.0, 10.0);
+      st.separate_gemms = k.boolean_or("separate_gemms", false);
+      COCEMU_CHECK(int(st.step_bytes > 0) + int(st.ring) + int(st.count > 0) <= 1,
+                   Errc::parse_error,
+                   "{}: fused.{} gives more than one of step_bytes, ring and count; a kernel's "
+                   "steps follow one rule",
+                   k.where(), kind);
+      k.finish();
+    }
     if (f.has("l2_rule")) {
       YamlReader r = f.map("l2_rule");
       c.cube_cores = int(r.integer("cube_cores", 1, 1 << 12));
@@ -422,7 +440,9 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
   v.push_back({"contention.compute_slowdown", {&p.contention.compute_slowdown, Param::slowdown}});
   v.push_back({"contention.comm_slowdown", {&p.contention.comm_slowdown, Param::slowdown}});
   v.push_back({"fused.step_overhead_ns", {&p.fused.step_overhead_ns, Param::plain}});
-  v.push_back({"fused.step_bytes", {&p.fused.step_bytes, Param::plain}});
+  v.push_back({"fused.gather_steps.step_bytes", {&p.fused.gather.step_bytes, Param::plain}});
+  v.push_back({"fused.reduce_steps.step_bytes", {&p.fused.reduce.step_bytes, Param::plain}});
+  v.push_back({"compute.kernel_overhead_ns", {&p.kernel_overhead_ns, Param::plain}});
   return v;
 }
 }  // namespace

@@ -40,12 +40,37 @@ TEST(FusedPricing, EachStepPaysTheStepCost) {
 
 TEST(FusedPricing, VendorStepsReplaceTheTilingInThePrice) {
   // step_bytes 1024 of communicated rows (64 B each: 16 columns of f32) = 16 rows: one step,
-  // nothing overlaps: 1024 + 1024. ring_steps: one step per rank, 8 rows: as the tiling.
+  // nothing overlaps: 1024 + 1024. A ring: one step per rank, 8 rows: as the tiling. A count of
+  // 1 step: as step_bytes 1024. The all-reduce kernel follows the reductions' rule.
   EXPECT_DOUBLE_EQ(all_reduce_ns(round("fused: {step_overhead_ns: 0, step_bytes: 1024}")), 2048);
-  EXPECT_DOUBLE_EQ(all_reduce_ns(round("fused: {step_overhead_ns: 0, ring_steps: true}")), 1536);
+  EXPECT_DOUBLE_EQ(all_reduce_ns(round("fused: {step_overhead_ns: 0, reduce_steps: {ring: true}}")),
+                   1536);
+  EXPECT_DOUBLE_EQ(all_reduce_ns(round("fused: {step_overhead_ns: 0, reduce_steps: {count: 1}}")),
+                   2048);
+  EXPECT_DOUBLE_EQ(all_reduce_ns(round("fused: {step_overhead_ns: 0, gather_steps: {count: 1}}")),
+                   1536);
+  // The matmul slowed by the cores the transfers take (1.5x): step 1's compute 768, step 2's
+  // (768) beside step 1's comm (512), then step 2's comm: 768 + 768 + 512.
+  EXPECT_DOUBLE_EQ(all_reduce_ns(round("fused: {step_overhead_ns: 0, reduce_steps: {ring: true, "
+                                       "compute_slowdown: 1.5}}")),
+                   2048);
+  // Split GEMMs are priced at their own size. Under a GEMM curve with half efficiency at the
+  // whole product's 1.024 MFLOP, the whole runs at 1/2 of peak (2048 ns, 1024 per step), each
+  // 8-row GEMM alone (0.512 MFLOP) at 1/3 (1536 ns): 1024 + 1024 + 512 against 1536 + 1536 + 512.
+  const std::string curve =
+      "compute: {gemm: {max_efficiency: 1.0, half_efficiency_flops: 1.024e6, alignment_bytes: 1, "
+      "unaligned_efficiency: 1.0}}, ";
+  EXPECT_DOUBLE_EQ(all_reduce_ns(round("{" + curve + "fused: {step_overhead_ns: 0}}")), 2560);
+  EXPECT_DOUBLE_EQ(
+      all_reduce_ns(round("{" + curve +
+                          "fused: {step_overhead_ns: 0, reduce_steps: {separate_gemms: true}}}")),
+      3584);
   testing::expect_error(
-      [] { round("fused: {step_overhead_ns: 0, step_bytes: 1024, ring_steps: true}"); },
-      Errc::parse_error, {"step_bytes", "ring_steps"});
+      [] { round("fused: {step_overhead_ns: 0, reduce_steps: {step_bytes: 1024, ring: true}}"); },
+      Errc::parse_error, {"reduce_steps", "one rule"});
+  testing::expect_error(
+      [] { round("fused: {step_overhead_ns: 0, step_bytes: 1024, gather_steps: {ring: true}}"); },
+      Errc::parse_error, {"step_bytes", "gather_steps"});
 }
 
 /// MATMUL_REDUCE_SCATTER on 4 ranks of an [m, k]·[k, n] product, under a profile whose l2_rule

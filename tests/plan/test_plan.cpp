@@ -329,7 +329,20 @@ TEST(Plan, SearchesOnlyThePlatformsTpOverlap) {
   EXPECT_TRUE(values(none).empty());
   for (const auto& c : none.top)
     EXPECT_FALSE(c.tp_comm_overlap);
-  const PlanResult nvidia = search("h100-sxm", std::nullopt);
+  // On NVIDIA the overlap is Transformer Engine's split GEMMs, which pay on large linears: the
+  // search runs on a wider model (hidden 8192, FFN 28672) to find a winner that uses them.
+  const PlanResult nvidia = [&] {
+    PlanQuery r = small_request();
+    r.compare_heuristic = false;
+    r.top_k = 1000;
+    r.model.hidden = 8192;
+    r.model.heads = 64;
+    r.model.ffn = 28672;
+    r.model.seq = 4096;
+    r.profile = std::make_shared<const DeviceProfile>(load_named_profile("h100-sxm"));
+    r.profile_name = "h100-sxm";
+    return plan(r);
+  }();
   EXPECT_TRUE(values(nvidia).empty()) << "Megatron-LM has no per-shape CoC";
   bool overlapped = false;
   for (const auto& c : nvidia.top) {

@@ -467,7 +467,8 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                      "node; tp {} > {} devices per node",
                      s.tp_comm_overlap.where, l.tp, prof.topology.devices_per_node);
     setup.notes.push_back(fmt::format(
-        "{}: Transformer Engine's userbuffers overlap is priced as cocemu's fused CoC kernels",
+        "{}: Transformer Engine's userbuffers overlap is priced by the fused-kernel pipeline with "
+        "the profile's fused: steps (TE's split GEMMs)",
         s.tp_comm_overlap.where));
   }
   if (s.coc_parallel_num.value)

@@ -69,7 +69,8 @@ double gemm_memory_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType d
 double attention_memory_bytes(std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
                               std::int64_t d, DType dtype, bool backward);
 /// Modeled time of a memory-bound kernel moving `bytes` (reads plus writes), at the profile's
-/// memory bandwidth times its memory in_training_efficiency.
+/// memory bandwidth times its memory in_training_efficiency, plus its kernel_overhead_ns (the
+/// start-up a GEMM's or attention kernel's efficiency curve already holds).
 double memory_ns(const DeviceProfile& p, std::uint64_t bytes);
 double launch_ns(const DeviceProfile& p, LaunchKind kind);
 

@@ -62,11 +62,21 @@ struct Topology {
 /// or its k and n are large (Ascend's MC2 tiling model).
 struct FusedKernelCost {
   double step_overhead_ns = 0;  ///< fixed cost of one step (flag handshakes, task hand-off)
-  /// How the vendor kernel cuts its matmul into steps, for pricing (0 / false: the kernel
-  /// options' tiling): steps of about step_bytes of communicated rows per rank, or, with
-  /// ring_steps, one step per rank of the group (a ring exchange).
-  double step_bytes = 0;
-  bool ring_steps = false;
+  /// How one kind of kernel cuts its matmul into steps, for pricing (none given: the kernel
+  /// options' tiling): steps of about step_bytes of communicated rows per rank, one step per
+  /// rank of the group (a ring exchange), or `count` steps; and the matmul's slowdown while the
+  /// kernel runs (the compute units its transfers take).
+  struct Steps {
+    double step_bytes = 0;
+    bool ring = false;
+    int count = 0;
+    double compute_slowdown = 1;
+    /// Each step's matmul is a GEMM of its own (Transformer Engine's split GEMMs), priced at its
+    /// size; otherwise the steps share one kernel's matmul at the whole product's efficiency.
+    bool separate_gemms = false;
+  };
+  Steps gather;         ///< ALL_GATHER_MATMUL
+  Steps reduce;         ///< MATMUL_REDUCE_SCATTER and MATMUL_ALL_REDUCE
   int cube_cores = 0;   ///< matrix cores the matmul's blocks spread over (0: no L2 rule)
   double l2_bytes = 0;  ///< the L2 budget of the matmul's working set
   /// In-kernel transfers' extra slowdown (beyond contention.comm_slowdown) while the matmul
@@ -107,7 +117,11 @@ struct DeviceProfile {
   /// under sustained load, against the rates measured one kernel at a time. 1: the isolated
   /// rate. `validate` prices its isolated-kernel references with 1.
   double in_training_efficiency = 1.0;
-  double kernel_min_ns = 0;     ///< shortest possible kernel
+  double kernel_min_ns = 0;  ///< shortest possible kernel
+  /// Added to every memory-bound kernel's time: the cycle of back-to-back launches on one stream
+  /// (a kernel's start-up and drain), which bounds how fast small kernels follow each other.
+  /// GEMM and attention kernels hold theirs in their efficiency curves. 0: none.
+  double kernel_overhead_ns = 0;
   double memory_bandwidth = 1;  ///< bytes/s of device memory
   /// The fraction of memory_bandwidth a memory-bound kernel sustains inside a training step
   /// (as in_training_efficiency for compute). 1: the isolated streaming rate.

@@ -64,8 +64,7 @@ struct Published {
 /// leaves open, marked `assumption` in the file), set up as `cocemu train --dry-run` sets it up:
 /// the `layout:` map holds the fields of `cocemu train`'s own `train:` section and goes through
 /// the same reader and resolver (train_config.h).
-Published published_settings(detail::YamlReader& e, Reference& r,
-                               const DeviceProfile& profile) {
+Published published_settings(detail::YamlReader& e, Reference& r, const DeviceProfile& profile) {
   Published pub;
   layers::train::DecoderShape& m = pub.model;
   {
@@ -536,7 +535,10 @@ std::string validation_json(const Validation& v) {
                     {"exposed_comm_ms", r.exposed_comm_ms},
                     {"plan_best", r.plan_best},
                     {"plan_matches", r.plan_matches},
-                    {"plan_gain", r.plan_gain_pct / 100.0}});
+                    {"plan_gain", r.plan_gain_pct / 100.0},
+                    {"plan_published_mfu", r.plan_published_mfu},
+                    {"plan_best_mfu", r.plan_best_mfu},
+                    {"plan_best_tp_overlap", r.plan_best_overlap}});
   const nlohmann::json j{{"references", refs},
                          {"mean_abs_delta", v.mean_abs_delta_pct / 100.0},
                          {"max_abs_delta", v.max_abs_delta_pct / 100.0},
@@ -569,27 +571,49 @@ void plan_training(Validation& v, int threads) {
                      b.cp == published.cp && b.vpp == published.vpp &&
                      b.micro_batch_size == published.micro_batch_size &&
                      b.recompute == published.recompute;
+    r.plan_best_mfu = best.report.mfu;
+    std::vector<std::string> overlap;
+    if (best.tp_comm_overlap) overlap.push_back("te_userbuffers");
+    bool script = false, fused = false;
+    for (const auto& [shape, value] : best.customized_coc) {
+      script = script || value > 1;
+      fused = fused || value == -1;
+    }
+    if (script) overlap.push_back("mindspeed_coc");
+    if (fused) overlap.push_back("lcoc_fused");
+    r.plan_best_overlap = overlap.empty() ? "none" : fmt::format("{}", fmt::join(overlap, "+"));
     if (why.empty()) {
-      const double mine = double(evaluate_candidate(q, published).report.iteration_ns);
-      r.plan_gain_pct = 100.0 * (mine / double(best.report.iteration_ns) - 1);
+      const TrainReport mine = evaluate_candidate(q, published).report;
+      r.plan_gain_pct = 100.0 * (double(mine.iteration_ns) / double(best.report.iteration_ns) - 1);
+      r.plan_published_mfu = mine.mfu;
     } else {
       r.plan_best += " (the published layout is pruned here: " + why + ")";
       r.plan_gain_pct = NAN;
+      r.plan_published_mfu = NAN;
     }
   }
 }
 
 std::string format_plan_check(const Validation& v) {
-  std::string out = fmt::format("\n{:<3} {:<44} {:<64} {}\n", "#", "published run",
-                                "plan's best on the same cluster and batch", "faster by");
+  std::string out = fmt::format(
+      "\n{:<3} {:<44} {:>9} {:<64} {:>9} {:<16} {}\n", "#", "published run", "its MFU",
+      "plan's best on the same cluster and batch", "best MFU", "best TP overlap", "faster by");
+  auto pct = [](double x) {
+    return std::isnan(x) ? std::string("—") : fmt::format("{:.1f}%", 100 * x);
+  };
   for (std::size_t i = 0; i < v.rows.size(); ++i) {
     const Reference& r = v.rows[i];
     if (!r.training) continue;
-    out += fmt::format("{:<3} {:<44} {:<64} {}\n", i + 1, r.name, r.plan_best,
+    out += fmt::format("{:<3} {:<44} {:>9} {:<64} {:>9} {:<16} {}\n", i + 1, r.name,
+                       pct(r.plan_published_mfu), r.plan_best, pct(r.plan_best_mfu),
+                       r.plan_best_overlap,
                        r.plan_matches                ? "— the published layout"
                        : std::isnan(r.plan_gain_pct) ? "—"
                                                      : fmt::format("{:.1f}%", r.plan_gain_pct));
   }
+  out +=
+      "MFU as plan prices candidates (the model's FLOPs over the profile's peak); the best "
+      "uses only its profile's TP overlap (tp_overlap).\n";
   return out;
 }
 

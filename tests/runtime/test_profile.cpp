@@ -246,7 +246,7 @@ TEST(CostModel, AttentionPaysPerRowAndBackward) {
     return p.peak(DType::bf16) * 1e-9 * p.gemm.max_efficiency * flops /
            (flops + p.gemm.half_efficiency_flops) * p.attention_efficiency * keys /
            (keys + p.attention_row_overhead_keys) *
-           (backward ? p.attention_backward_efficiency : 1);
+           (backward ? p.attention_backward_efficiency : 1) * p.in_training_efficiency;
   };
   for (const std::int64_t s : {512, 4096, 16384})
     for (const double visible : {1.0, 0.5})

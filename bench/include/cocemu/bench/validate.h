@@ -40,6 +40,12 @@ struct Reference {
   std::string plan_best;
   bool plan_matches = false;
   double plan_gain_pct = 0;
+  /// Both priced as plan prices candidates: the published layout's MFU (NaN when plan prunes
+  /// it) and the best's, and the TP overlap the best uses (none, te_userbuffers for
+  /// Megatron-LM's --tp-comm-overlap, mindspeed_coc / lcoc_fused for MindSpeed's per-shape
+  /// choices), which is always one of its profile's tp_overlap mechanisms.
+  double plan_published_mfu = 0, plan_best_mfu = 0;
+  std::string plan_best_overlap;
 };
 
 /// One fitted profile parameter: its value, the references it was fitted on and those that test

@@ -453,8 +453,13 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                            "communication");
   };
   if (ascend_coc) platform("mindspeed_coc", s.use_ascend_coc.where);
-  if (ascend_coc && s.coc_fused_kernel.value.value_or(false))
+  if (ascend_coc && s.coc_fused_kernel.value.value_or(false)) {
     platform("lcoc_fused", s.coc_fused_kernel.where);
+    COCEMU_CHECK_ARG(l.tp == kLcocFusedTp,
+                     "{}: MindSpeed's LCOC fused kernels support tensor parallel size {} only "
+                     "(its feature doc); tp {} (--coc fused is cocemu's what-if at any tp)",
+                     s.coc_fused_kernel.where, kLcocFusedTp, l.tp);
+  }
   if (tp_comm_overlap) {
     platform("te_userbuffers", s.tp_comm_overlap.where);
     COCEMU_CHECK_ARG(l.tp > 1 && l.sequence_parallel,

@@ -560,6 +560,8 @@ void plan_training(Validation& v, int threads) {
     q.threads = threads;
     q.top_k = 1;
     q.compare_heuristic = false;
+    // A published uneven partition (--num-layer-list) is searched as plan's balanced partition.
+    if (!t.options.layout.stage_layers.empty()) q.mode = SearchMode::dynamic_programming;
     const PlanResult res = plan(q);
     const PlanCandidate& best = res.top.front();
     // The published layout, priced the way plan prices its candidates.

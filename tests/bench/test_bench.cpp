@@ -507,13 +507,17 @@ TEST(Validate, AscendTrainingRunsAndFusedKernelGains) {
       EXPECT_TRUE(r.conversion.starts_with("tokens/s per device")) << r.name;
       EXPECT_LE(std::fabs(r.delta_pct), 25.0) << r.name;
       within += std::fabs(r.delta_pct) <= 20.0;
-      if (!r.fitted.empty()) EXPECT_LT(std::fabs(r.delta_pct), 0.5) << r.name;
+      if (!r.fitted.empty()) {
+        EXPECT_LT(std::fabs(r.delta_pct), 0.5) << r.name;
+      }
     } else if (r.kind == "coc_gain") {
       EXPECT_TRUE(r.gain_row);
       EXPECT_LE(std::fabs(r.delta_pct), 4.0) << r.name;  // points
       for (const char* m : {"LLaMA2-70B", "BLOOM-7B", "BLOOM-176B"})
         if (r.name.find(m) != std::string::npos) gain[m] = r.modeled;
-      if (!r.fitted.empty()) EXPECT_LT(std::fabs(r.delta_pct), 0.2) << r.name;
+      if (!r.fitted.empty()) {
+        EXPECT_LT(std::fabs(r.delta_pct), 0.2) << r.name;
+      }
     }
   }
   EXPECT_EQ(runs, 6);
@@ -682,6 +686,24 @@ TEST(Validate, PlanReportsThePublishedLayoutsMfuBesideItsBest) {
   const nlohmann::json j = nlohmann::json::parse(validation_json(v));
   EXPECT_NEAR(j["references"][1]["plan_published_mfu"].get<double>(), v.rows[1].plan_published_mfu,
               1e-12);
+}
+
+// A published uneven partition (MindSpeed-LLM's --num-layer-list, Bloom-176B's 70 layers on
+// pp 12) where no even split is valid: validate --plan searches balanced partitions rather than
+// failing with every candidate pruned.
+TEST(Validate, PlanSearchesUnevenPartitionsForAnUnevenPublishedLayout) {
+  Validation v = validate(
+      "references:\n"
+      "  - name: uneven\n    kind: training\n    device: ascend-910b\n    gpus: 16\n"
+      "    model: {hidden: 1024, heads: 8, layers: 7, vocab: 4096, seq: 1025}\n"
+      "    layout: {tp: 8, pp: 2, stage_layers: [3, 4], micro_batch_size: 1, "
+      "global_batch_size: 3, recompute: none, sequence_parallel: false, "
+      "distributed_optimizer: false, overlap_grad_reduce: true, coc: serial}\n"
+      "    flops: model\n    published: 100\n    source: s\n",
+      "uneven.yaml");
+  plan_training(v, 1);
+  EXPECT_FALSE(std::isnan(v.rows[0].plan_published_mfu)) << v.rows[0].plan_best;
+  EXPECT_GE(v.rows[0].plan_best_mfu, v.rows[0].plan_published_mfu * (1 - 1e-9));
 }
 
 TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {

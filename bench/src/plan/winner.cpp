@@ -144,7 +144,7 @@ std::string winner_yaml(const PlanResult& r) {
                                            : "NCCL/HCCL's collective algorithms, as priced");
   if (uses_coc(c)) s += "  coc_config: plan.coc.yaml  # customized_coc per GEMM shape\n";
   if (c.tp_comm_overlap)
-    s += "  tp_comm_overlap: true  # Megatron-LM --tp-comm-overlap, priced as the fused kernels\n";
+    s += "  tp_comm_overlap: true  # Megatron-LM --tp-comm-overlap, priced as TE userbuffers run\n";
   return s;
 }
 

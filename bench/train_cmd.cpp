@@ -351,7 +351,8 @@ void add_train(CLI::App& app) {
                 "MindSpeed's LCOC fused kernels (tp_overlap lcoc_fused)");
   sub->add_flag("--tp-comm-overlap", o->tp_comm_overlap,
                 "Megatron-LM's TP overlap on Transformer Engine's userbuffers (tp_overlap "
-                "te_userbuffers; needs --sequence-parallel); priced as cocemu's fused kernels");
+                "te_userbuffers; needs --sequence-parallel); priced as TE runs it: the profile's "
+                "fused: steps (split GEMMs, ring exchange, SMs the reduce-scatter takes)");
   number<std::int64_t>(sub, "--gradient-aggregation-group", o->aggregation_groups,
                        "MindFormers' fusion groups of the layers' gradients (one group with "
                        "pipeline stages)",

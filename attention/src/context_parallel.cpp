@@ -73,7 +73,8 @@ void on_compute(Rank& rank, std::string name, std::uint64_t bytes, std::function
   rank.compute_stream().launch({.name = std::move(name),
                                 .cls = OpClass::compute,
                                 .work_ns = memory_ns(rank.profile(), bytes),
-                                .bytes = bytes},
+                                .bytes = bytes,
+                                .hbm_bytes = bytes},
                                std::move(fn));
 }
 
@@ -321,10 +322,17 @@ struct CpAttention::Impl {
   double attention_ns(const AttentionArgs& a, double flops, const Visibility& vis,
                       bool backward) const {
     const double q_rows = double(vis.rows);  // × batch × query heads
+    return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype,
+                                      attention_bytes(a, vis, false), double(vis.pairs) / q_rows,
+                                      backward);
+  }
+  /// The block kernel's device-memory traffic: its Q, K, V and O forward, twice that backward
+  /// (what flash_attention_ns's memory time counts; the schedule's memory contention).
+  double attention_bytes(const AttentionArgs& a, const Visibility& vis, bool backward) const {
+    const double q_rows = double(vis.rows);
     const double kv_rows = double(a.shape.batch * a.shape.kv_heads * vis.keys);
     const double bytes = double(size_of(p.dtype)) * (q_rows + kv_rows) * double(2 * D);
-    return cocemu::flash_attention_ns(rank.profile(), flops, D, p.dtype, bytes,
-                                      double(vis.pairs) / q_rows, backward);
+    return backward ? 2 * bytes : bytes;
   }
 
   /// One ring transfer: a send of `out` to ring member `to` and a receive of `in` from `from`,
@@ -429,7 +437,8 @@ struct CpAttention::Impl {
                                                       a.shape.q_len, a.shape.kv_len),
                                   .cls = OpClass::compute,
                                   .work_ns = attention_ns(a, flops, vis, backward),
-                                  .flops = std::uint64_t(flops)},
+                                  .flops = std::uint64_t(flops),
+                                  .hbm_bytes = std::uint64_t(attention_bytes(a, vis, backward))},
                                  [=, n = kv_elems(), shape = kv_shape()] {
                                    AttentionArgs aa = a;
                                    aa.q_pos = qp.get();

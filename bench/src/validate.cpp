@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -54,13 +55,19 @@ double modeled_collective(const DeviceProfile& p, const std::string& op_name, in
   return algbw * (op == CollOp::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n);
 }
 
+/// A published run as its reference states it: the model and the settings of its layout.
+struct Published {
+  layers::train::DecoderShape model;
+  TrainSettings settings;
+};
+
 /// A published run's model, GPU count and layout as published (and the settings the source
 /// leaves open, marked `assumption` in the file), set up as `cocemu train --dry-run` sets it up:
 /// the `layout:` map holds the fields of `cocemu train`'s own `train:` section and goes through
 /// the same reader and resolver (train_config.h).
-std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
-                                            const DeviceProfile& profile) {
-  layers::train::DecoderShape m;
+Published published_settings(detail::YamlReader& e, Reference& r, const DeviceProfile& profile) {
+  Published pub;
+  layers::train::DecoderShape& m = pub.model;
   {
     auto mm = e.map("model");
     m.name = r.name;
@@ -76,10 +83,15 @@ std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
     COCEMU_CHECK(attention == "flash" || attention == "unfused", Errc::parse_error,
                  "{}: attention '{}'; allowed flash, unfused", mm.where(), attention);
     m.flash_attention = attention == "flash";
+    m.masked_softmax_fusion = mm.boolean_or("masked_softmax_fusion", true);
+    COCEMU_CHECK(m.masked_softmax_fusion || !m.flash_attention, Errc::parse_error,
+                 "{}: masked_softmax_fusion: false needs attention: unfused (flash attention "
+                 "has no separate softmax)",
+                 mm.where());
     mm.finish();
   }
   const int gpus = int(e.integer("gpus", 1, 1 << 20));
-  TrainSettings s;
+  TrainSettings& s = pub.settings;
   {
     auto ll = e.map("layout");
     read_layout_fields(ll, s);
@@ -104,11 +116,22 @@ std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
                "{}: {} GPUs must fill whole nodes of {} and be divisible by tp·pp·cp = {}",
                e.where(), gpus, per_node, inner);
   s.nodes.set(gpus / per_node, e.where() + " gpus");
-  auto setup = std::make_shared<TrainSetup>(
-      resolve_settings(s, true, m, "published", std::make_shared<const DeviceProfile>(profile)));
-  setup->deterministic = false;  // the published runs used NCCL's algorithms
-  r.nodes = setup->nodes;
+  r.nodes = gpus / per_node;
+  return pub;
+}
+
+/// The run set up as `cocemu train --dry-run` sets it up, with NCCL/HCCL's algorithms (as the
+/// published runs used them).
+std::shared_ptr<TrainSetup> resolve_published(const Published& pub, const DeviceProfile& profile) {
+  auto setup = std::make_shared<TrainSetup>(resolve_settings(
+      pub.settings, true, pub.model, "published", std::make_shared<const DeviceProfile>(profile)));
+  setup->deterministic = false;
   return setup;
+}
+
+std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
+                                            const DeviceProfile& profile) {
+  return resolve_published(published_settings(e, r, profile), profile);
 }
 
 /// A published training run (kind: training), modeled by `cocemu train`'s step model. Returns
@@ -124,11 +147,12 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
   // FLOPs with full recompute, 96·B·s·l·h²·(1 + s/6h + V/16lh), converted to model FLOPs
   // 72·B·s·l·h²·(1 + s/6h + V/12lh) — the formula model_flops_per_iteration uses.
   const std::string flops = e.string("flops");
-  COCEMU_CHECK(
-      flops == "model" || flops == "hardware_full_recompute" || flops == "iteration_seconds",
-      Errc::parse_error,
-      "{}: flops '{}'; allowed model, hardware_full_recompute, iteration_seconds", e.where(),
-      flops);
+  COCEMU_CHECK(flops == "model" || flops == "hardware_full_recompute" ||
+                   flops == "iteration_seconds" || flops == "tokens_per_second_per_device",
+               Errc::parse_error,
+               "{}: flops '{}'; allowed model, hardware_full_recompute, iteration_seconds, "
+               "tokens_per_second_per_device",
+               e.where(), flops);
   r.published_as_stated = r.published;
   if (flops == "iteration_seconds") {
     // A published iteration time: the model FLOPs of one iteration over it, per device.
@@ -136,6 +160,16 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
     r.published = work / gpus / r.published_as_stated / 1e12;
     r.conversion = fmt::format("s per iteration: {:.4g} model FLOPs / {} devices / {} s", work,
                                gpus, r.published_as_stated);
+  } else if (flops == "tokens_per_second_per_device") {
+    // MindSpeed-LLM's throughput (tokens/p/s): the iteration's tokens over all devices and the
+    // rate give the iteration time, whose model FLOPs per device are the figure compared.
+    const double tokens = double(l.global_batch_size) * double(m.seq);
+    const double seconds = tokens / (r.published_as_stated * gpus);
+    const double work = model_flops_per_iteration(m, l);
+    r.published = work / gpus / seconds / 1e12;
+    r.conversion = fmt::format(
+        "tokens/s per device: {:.4g} tokens / ({} x {} devices) = {:.4g} s per iteration", tokens,
+        r.published_as_stated, gpus, seconds);
   } else if (flops == "hardware_full_recompute") {
     const double s = double(m.seq), h = double(m.hidden), L = double(m.num_layers),
                  V = double(m.vocab);
@@ -166,17 +200,23 @@ Validation validate(const std::string& text, const std::string& origin) {
     r.name = e.string("name");
     r.kind = e.string("kind");
     r.device = e.string("device");
-    r.published = e.number("published", 1e-9, 1e12);
+    r.published = e.number("published", -1e12, 1e12);
     r.source = e.string("source");
     DeviceProfile p = load_named_profile(r.device);
-    if (e.has("fitted"))
-      for (const auto& [key, where] : e.strings("fitted")) {
-        const auto keys = p.scalable_keys();
-        COCEMU_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(), Errc::parse_error,
-                     "{}: fitted parameter '{}' is not a parameter of profile '{}'", where, key,
-                     r.device);
-        r.fitted.push_back(key);
-      }
+    for (const char* list : {"fitted", "tests"})
+      if (e.has(list))
+        for (const auto& [key, where] : e.strings(list)) {
+          const auto keys = p.scalable_keys();
+          COCEMU_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(), Errc::parse_error,
+                       "{}: {} parameter '{}' is not a parameter of profile '{}'", where,
+                       list == std::string("fitted") ? "fitted" : "tested", key, r.device);
+          (list == std::string("fitted") ? r.fitted : r.tests).push_back(key);
+        }
+    // Kernel and collective references measure one kernel at a time: they are priced at the
+    // isolated rates; training runs and layers at what a kernel sustains inside a step.
+    DeviceProfile isolated = p;
+    isolated.in_training_efficiency = 1.0;
+    isolated.memory_in_training_efficiency = 1.0;
     DType t = DType::f32;
     if (e.has("dtype")) {
       const std::string name = e.string("dtype");
@@ -210,7 +250,7 @@ Validation validate(const std::string& text, const std::string& origin) {
       const std::int64_t m = e.integer("m", 1, 1 << 24), n = e.integer("n", 1, 1 << 24),
                          k = e.integer("k", 1, 1 << 24);
       r.unit = "TFLOPS";
-      r.modeled = 2.0 * double(m) * double(n) * double(k) / gemm_ns(p, m, n, k, t) / 1e3;
+      r.modeled = 2.0 * double(m) * double(n) * double(k) / gemm_ns(isolated, m, n, k, t) / 1e3;
     } else if (r.kind == "attention") {
       const std::int64_t s = e.integer("seq", 1, 1 << 24), d = e.integer("head_dim", 1, 1024),
                          batch = e.integer("batch", 1, 1 << 24),
@@ -228,11 +268,11 @@ Validation validate(const std::string& text, const std::string& origin) {
       double flops = 0, ns = 0;
       if (pass != "backward") {
         flops += fwd_flops;
-        ns += attention_ns(p, bh, s, s, d, t, visible, false);
+        ns += attention_ns(isolated, bh, s, s, d, t, visible, false);
       }
       if (pass != "forward") {
         flops += 2.5 * fwd_flops;
-        ns += attention_ns(p, bh, s, s, d, t, visible, true);
+        ns += attention_ns(isolated, bh, s, s, d, t, visible, true);
       }
       r.unit = "TFLOPS";
       r.modeled = flops / ns / 1e3;
@@ -245,10 +285,29 @@ Validation validate(const std::string& text, const std::string& origin) {
                    e.where(), counted);
       // An elementwise kernel reads its input and writes as much.
       r.unit = "GB/s";
-      r.modeled =
-          double(bytes) / memory_ns(p, std::uint64_t(2 * bytes)) * (counted == "moved" ? 2.0 : 1.0);
+      r.modeled = double(bytes) / memory_ns(isolated, std::uint64_t(2 * bytes)) *
+                  (counted == "moved" ? 2.0 : 1.0);
     } else if (r.kind == "training") {
       r.training = modeled_training(e, r, p);
+    } else if (r.kind == "coc_gain") {
+      // A published end-to-end gain of the fused CoC kernels over the serial TP linears: the
+      // same run modeled with each (as `cocemu train --compare-coc`), gain = serial / fused - 1.
+      Published pub = published_settings(e, r, p);
+      const TrainSettings& s = pub.settings;
+      COCEMU_CHECK(!s.coc.value && !s.coc_config.value && !s.use_ascend_coc.value &&
+                       !s.coc_fused_kernel.value && !s.tp_comm_overlap.value,
+                   Errc::parse_error,
+                   "{}: a coc_gain reference compares serial with fused itself; its layout must "
+                   "not set coc (or a CoC switch)",
+                   e.where());
+      pub.settings.coc.set("serial", e.where());
+      const double serial = double(model_step(*resolve_published(pub, p)).iteration_ns);
+      pub.settings.coc.set("fused", e.where());
+      const TrainReport f = model_step(*resolve_published(pub, p));
+      r.unit = "% end-to-end gain (delta in points)";
+      r.modeled = 100.0 * (serial / double(f.iteration_ns) - 1);
+      r.iteration_ms = serial / 1e6;
+      r.gain_row = true;
     } else if (r.kind == "layer") {
       // One transformer layer's forward or backward (with what the layout recomputes in it) on
       // one device for one micro-batch, as the step model prices it (price_parts).
@@ -262,18 +321,26 @@ Validation validate(const std::string& text, const std::string& origin) {
     } else {
       COCEMU_FAIL(Errc::parse_error,
                   "{}: kind '{}' unknown; allowed collective, gemm, attention, memory, training, "
-                  "layer",
+                  "layer, coc_gain",
                   e.where(), r.kind);
     }
     e.finish();
-    r.delta_pct = 100.0 * (r.modeled - r.published) / r.published;
+    COCEMU_CHECK(r.gain_row || r.published > 0, Errc::parse_error,
+                 "reference '{}': published {} must be positive (only a coc_gain may be zero or "
+                 "negative)",
+                 r.name, r.published);
+    r.delta_pct =
+        r.gain_row ? r.modeled - r.published : 100.0 * (r.modeled - r.published) / r.published;
     v.rows.push_back(r);
   }
   top.finish();
   COCEMU_CHECK(!v.rows.empty(), Errc::parse_error, "{}: no references", origin);
-  int tests = 0;
+  int tests = 0, relative = 0;
+  for (const Reference& r : v.rows)
+    relative += !r.gain_row;
   for (const Reference& r : v.rows) {
-    v.mean_abs_delta_pct += std::fabs(r.delta_pct) / double(v.rows.size());
+    if (r.gain_row) continue;  // points of gain, not a relative error: reported apart
+    v.mean_abs_delta_pct += std::fabs(r.delta_pct) / double(relative);
     v.max_abs_delta_pct = std::max(v.max_abs_delta_pct, std::fabs(r.delta_pct));
     if (r.fitted.empty()) {
       v.mean_abs_delta_tests_pct += std::fabs(r.delta_pct);
@@ -281,6 +348,34 @@ Validation validate(const std::string& text, const std::string& origin) {
     }
   }
   if (tests > 0) v.mean_abs_delta_tests_pct /= tests;
+  // Each fitted parameter: fitted on its rows, tested by the other rows of its profile of the
+  // kinds it was fitted on, and by rows that name it under `tests:`.
+  for (std::size_t i = 0; i < v.rows.size(); ++i)
+    for (const std::string& key : v.rows[i].fitted) {
+      auto it = std::find_if(v.calibration.begin(), v.calibration.end(), [&](const auto& c) {
+        return c.device == v.rows[i].device && c.key == key;
+      });
+      if (it == v.calibration.end()) {
+        v.calibration.push_back(
+            {v.rows[i].device, key, load_named_profile(v.rows[i].device).value(key), {}, {}});
+        it = std::prev(v.calibration.end());
+      }
+      it->fitted_on.push_back(i);
+    }
+  for (Calibration& c : v.calibration)
+    for (std::size_t j = 0; j < v.rows.size(); ++j) {
+      const Reference& r = v.rows[j];
+      if (r.device != c.device ||
+          std::find(c.fitted_on.begin(), c.fitted_on.end(), j) != c.fitted_on.end())
+        continue;
+      const bool named = std::find(r.tests.begin(), r.tests.end(), c.key) != r.tests.end();
+      const bool same_kind = std::any_of(c.fitted_on.begin(), c.fitted_on.end(),
+                                         [&](std::size_t i) { return v.rows[i].kind == r.kind; });
+      // A row fitted on some parameter is not a test of another (fits were made together); the
+      // network's parameters are tested only by references that span nodes.
+      const bool crosses = !c.key.starts_with("topology.inter_node") || r.nodes > 1;
+      if (named || (same_kind && r.fitted.empty() && crosses)) c.tested_by.push_back(j);
+    }
   return v;
 }
 
@@ -336,9 +431,89 @@ std::string format_validation(const Validation& v) {
           exposed.empty() ? " none" : exposed, 100 * r.bubble_fraction);
     }
   }
+  int gains = 0;
+  double gain_sum = 0, gain_max = 0;
+  for (const Reference& r : v.rows)
+    if (r.gain_row) {
+      ++gains;
+      gain_sum += std::fabs(r.delta_pct);
+      gain_max = std::max(gain_max, std::fabs(r.delta_pct));
+    }
+  if (gains > 0)
+    out += fmt::format(
+        "end-to-end gains: {} references, mean |delta| {:.2f} points, max {:.2f} points (modeled "
+        "gain of the fused CoC kernels over serial TP linears minus the published gain)\n",
+        gains, gain_sum / gains, gain_max);
+  if (!v.calibration.empty()) {
+    out +=
+        "\ncalibration: each fitted parameter, the references it was fitted on and those that "
+        "test it (delta %, points for gains):\n";
+    for (const Calibration& c : v.calibration) {
+      auto list = [&](const std::vector<std::size_t>& rows) {
+        std::string s;
+        for (std::size_t i : rows)
+          s += fmt::format("{}[{}] {:+.1f}", s.empty() ? "" : ", ", i + 1, v.rows[i].delta_pct);
+        return s.empty() ? std::string("none") : s;
+      };
+      out += fmt::format("  {} {} = {:.6g}\n    fitted on: {}\n    tested by: {}\n", c.device,
+                         c.key, c.value, list(c.fitted_on), list(c.tested_by));
+    }
+  }
   out += "\nsources:\n";
   for (std::size_t i = 0; i < v.rows.size(); ++i)
     out += fmt::format("[{}] {}\n", i + 1, v.rows[i].source);
+  return out;
+}
+
+std::string format_markdown(const Validation& v) {
+  // Table cells: no pipes, no line breaks.
+  auto cell = [](std::string s) {
+    for (char& c : s)
+      if (c == '|' || c == '\n') c = c == '|' ? '/' : ' ';
+    return s;
+  };
+  auto delta = [&](const Reference& r) {
+    return r.gain_row ? fmt::format("{:+.2f} pts", r.delta_pct)
+                      : fmt::format("{:+.1f}%", r.delta_pct);
+  };
+  std::string out = "## References\n\n";
+  out += fmt::format(
+      "{} published measurements, each modeled on its device profile (`cocemu validate`). A "
+      "reference marked *fits* set the named profile parameters; all others only test the "
+      "model.\n\n",
+      v.rows.size());
+  out += "| # | reference | profile | unit | published | modeled | delta | role |\n";
+  out += "|---|---|---|---|---|---|---|---|\n";
+  for (std::size_t i = 0; i < v.rows.size(); ++i) {
+    const Reference& r = v.rows[i];
+    std::string role = "tests";
+    if (!r.fitted.empty()) role = "fits " + fmt::format("`{}`", fmt::join(r.fitted, "`, `"));
+    out += fmt::format("| {} | {} | {}{} | {} | {:.4g} | {:.4g} | {} | {} |\n", i + 1, cell(r.name),
+                       r.device, r.nodes > 1 ? fmt::format(" ({} nodes)", r.nodes) : "",
+                       cell(r.unit), r.published, r.modeled, delta(r), role);
+  }
+  out += fmt::format(
+      "\nDevice and cluster references and training runs: mean |delta| {:.1f}%, max {:.1f}%; "
+      "over the references that only test the model, mean {:.1f}%.\n",
+      v.mean_abs_delta_pct, v.max_abs_delta_pct, v.mean_abs_delta_tests_pct);
+  out +=
+      "\n## Calibration\n\nEach fitted parameter, what it was fitted on and what tests it "
+      "(delta of each reference).\n\n";
+  out += "| profile | parameter | value | fitted on | tested by |\n|---|---|---|---|---|\n";
+  for (const Calibration& c : v.calibration) {
+    auto list = [&](const std::vector<std::size_t>& rows) {
+      std::string s;
+      for (std::size_t i : rows)
+        s +=
+            fmt::format("{}{} ({})", s.empty() ? "" : "; ", cell(v.rows[i].name), delta(v.rows[i]));
+      return s.empty() ? std::string("—") : s;
+    };
+    out += fmt::format("| {} | `{}` | {:.6g} | {} | {} |\n", c.device, c.key, c.value,
+                       list(c.fitted_on), list(c.tested_by));
+  }
+  out += "\n## Sources\n\n";
+  for (std::size_t i = 0; i < v.rows.size(); ++i)
+    out += fmt::format("{}. {}\n", i + 1, cell(v.rows[i].source));
   return out;
 }
 
@@ -362,7 +537,10 @@ std::string validation_json(const Validation& v) {
                     {"exposed_comm_ms", r.exposed_comm_ms},
                     {"plan_best", r.plan_best},
                     {"plan_matches", r.plan_matches},
-                    {"plan_gain", r.plan_gain_pct / 100.0}});
+                    {"plan_gain", r.plan_gain_pct / 100.0},
+                    {"plan_published_mfu", r.plan_published_mfu},
+                    {"plan_best_mfu", r.plan_best_mfu},
+                    {"plan_best_tp_overlap", r.plan_best_overlap}});
   const nlohmann::json j{{"references", refs},
                          {"mean_abs_delta", v.mean_abs_delta_pct / 100.0},
                          {"max_abs_delta", v.max_abs_delta_pct / 100.0},
@@ -384,6 +562,8 @@ void plan_training(Validation& v, int threads) {
     q.threads = threads;
     q.top_k = 1;
     q.compare_heuristic = false;
+    // A published uneven partition (--num-layer-list) is searched as plan's balanced partition.
+    if (!t.options.layout.stage_layers.empty()) q.mode = SearchMode::dynamic_programming;
     const PlanResult res = plan(q);
     const PlanCandidate& best = res.top.front();
     // The published layout, priced the way plan prices its candidates.
@@ -395,27 +575,49 @@ void plan_training(Validation& v, int threads) {
                      b.cp == published.cp && b.vpp == published.vpp &&
                      b.micro_batch_size == published.micro_batch_size &&
                      b.recompute == published.recompute;
+    r.plan_best_mfu = best.report.mfu;
+    std::vector<std::string> overlap;
+    if (best.tp_comm_overlap) overlap.push_back("te_userbuffers");
+    bool script = false, fused = false;
+    for (const auto& [shape, value] : best.customized_coc) {
+      script = script || value > 1;
+      fused = fused || value == -1;
+    }
+    if (script) overlap.push_back("mindspeed_coc");
+    if (fused) overlap.push_back("lcoc_fused");
+    r.plan_best_overlap = overlap.empty() ? "none" : fmt::format("{}", fmt::join(overlap, "+"));
     if (why.empty()) {
-      const double mine = double(evaluate_candidate(q, published).report.iteration_ns);
-      r.plan_gain_pct = 100.0 * (mine / double(best.report.iteration_ns) - 1);
+      const TrainReport mine = evaluate_candidate(q, published).report;
+      r.plan_gain_pct = 100.0 * (double(mine.iteration_ns) / double(best.report.iteration_ns) - 1);
+      r.plan_published_mfu = mine.mfu;
     } else {
       r.plan_best += " (the published layout is pruned here: " + why + ")";
       r.plan_gain_pct = NAN;
+      r.plan_published_mfu = NAN;
     }
   }
 }
 
 std::string format_plan_check(const Validation& v) {
-  std::string out = fmt::format("\n{:<3} {:<44} {:<64} {}\n", "#", "published run",
-                                "plan's best on the same cluster and batch", "faster by");
+  std::string out = fmt::format(
+      "\n{:<3} {:<44} {:>9} {:<64} {:>9} {:<16} {}\n", "#", "published run", "its MFU",
+      "plan's best on the same cluster and batch", "best MFU", "best TP overlap", "faster by");
+  auto pct = [](double x) {
+    return std::isnan(x) ? std::string("—") : fmt::format("{:.1f}%", 100 * x);
+  };
   for (std::size_t i = 0; i < v.rows.size(); ++i) {
     const Reference& r = v.rows[i];
     if (!r.training) continue;
-    out += fmt::format("{:<3} {:<44} {:<64} {}\n", i + 1, r.name, r.plan_best,
+    out += fmt::format("{:<3} {:<44} {:>9} {:<64} {:>9} {:<16} {}\n", i + 1, r.name,
+                       pct(r.plan_published_mfu), r.plan_best, pct(r.plan_best_mfu),
+                       r.plan_best_overlap,
                        r.plan_matches                ? "— the published layout"
                        : std::isnan(r.plan_gain_pct) ? "—"
                                                      : fmt::format("{:.1f}%", r.plan_gain_pct));
   }
+  out +=
+      "MFU as plan prices candidates (the model's FLOPs over the profile's peak); the best "
+      "uses only its profile's TP overlap (tp_overlap).\n";
   return out;
 }
 

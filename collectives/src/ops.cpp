@@ -330,6 +330,11 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   spec.cls = OpClass::comm;
   spec.work_ns = cost.total_ns;
   spec.bytes = call.size_bytes;
+  // Its device-memory traffic: what it sends is read, what it receives written, and a reduction
+  // also reads the local operand it adds the received data to.
+  const bool reduces =
+      sig.op == CollOp::all_reduce || sig.op == CollOp::reduce_scatter || sig.op == CollOp::reduce;
+  spec.hbm_bytes = cost.max_link_bytes * (reduces ? 3 : 2);
   spec.link_use = cost.link_use.empty() ? 0 : cost.link_use[std::size_t(g.rank())];
   spec.detail = cached->detail;
   spec.seq = std::int64_t(seq);
@@ -656,6 +661,7 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
   link_s = std::max({link_s, out_intra / topo.intra_per_device, in_intra / topo.intra_per_device,
                      out_inter / topo.inter_per_device, in_inter / topo.inter_per_device});
   spec.work_ns = latency + link_s * 1e9;
+  spec.hbm_bytes = spec.bytes;  // a send reads its message, a receive writes it
   if (ops.size() == 1)
     spec.name = fmt::format("{} {} {} {}", ops[0].kind == P2POp::send ? "send" : "recv",
                             format_bytes(ops[0].tensor.nbytes()),

@@ -104,22 +104,42 @@ Pipeline pipeline(std::int64_t rows, const FusedOptions& o) {
   return {sr, rows == 0 ? 0 : (rows + sr - 1) / sr};
 }
 
+/// The steps a kernel is priced with: the vendor kernel's own where the profile gives them (steps
+/// of about step_bytes of communicated rows per rank, one per rank for a ring exchange, or a
+/// fixed count), else the options' tiling, which the numerics always use (they do not depend on
+/// it). `row_bytes`: one communicated row.
+Pipeline priced_pipeline(const FusedKernelCost::Steps& rule, std::int64_t rows,
+                         std::int64_t row_bytes, int ranks, const Pipeline& tiled) {
+  if (rows == 0) return tiled;
+  std::int64_t step_rows = tiled.step_rows;
+  if (rule.ring)
+    step_rows = (rows + ranks - 1) / ranks;
+  else if (rule.count > 0)
+    step_rows = (rows + rule.count - 1) / rule.count;
+  else if (rule.step_bytes > 0)
+    step_rows = std::max<std::int64_t>(1, std::int64_t(rule.step_bytes) / row_bytes);
+  return {step_rows, (rows + step_rows - 1) / step_rows};
+}
+
 /// The modeled time of a two-stage pipeline and its per-step phases.
 struct PipelineCost {
   double total = 0;
   double compute = 0, comm = 0;  ///< sums over the steps (what the pipeline overlaps)
+  double hbm_bytes = 0;          ///< device-memory traffic of the whole kernel
   std::vector<std::pair<std::string, double>> phases;
 };
 
-/// One pipeline step's work at full speed.
+/// One pipeline step's work at full speed, and the device-memory traffic of each half.
 struct StepCost {
   double compute = 0, comm = 0;
+  double compute_bytes = 0, comm_bytes = 0;
 };
 
-/// Steps overlap as LCOC runs them: the producer of step i beside the consumer of step i − 1.
-/// Overlapped compute and comm slow each other by the profile's contention factors, as they do
-/// between script-side ops (`overlapped_ns`, the schedule's own rule). `steps` steps: all `full`
-/// but the last, `last` (so a kernel of any size is priced in constant time).
+/// Steps overlap as LCOC runs them: the producer of step i beside the consumer of step i − 1
+/// (its double buffer lets the matmul run one step ahead). Overlapped compute and comm slow each
+/// other by the profile's contention factors and by their memory traffic, as they do between
+/// script-side ops (`overlapped_ns`, the schedule's own rule). `steps` steps: all `full` but the
+/// last, `last` (so a kernel of any size is priced in constant time).
 PipelineCost price_pipeline(std::int64_t steps, StepCost full, StepCost last, bool comm_first,
                             const ContentionModel& contention) {
   PipelineCost p;
@@ -129,12 +149,16 @@ PipelineCost price_pipeline(std::int64_t steps, StepCost full, StepCost last, bo
   const auto overlap = [&](const StepCost& producer, const StepCost& consumer) {
     // The producer's first half (compute, or comm when comm-first) beside the previous step's
     // second half.
-    return comm_first ? overlapped_ns(second(consumer), first(producer), contention)
-                      : overlapped_ns(first(producer), second(consumer), contention);
+    return comm_first ? overlapped_ns(second(consumer), first(producer), contention,
+                                      consumer.compute_bytes, producer.comm_bytes)
+                      : overlapped_ns(first(producer), second(consumer), contention,
+                                      producer.compute_bytes, consumer.comm_bytes);
   };
   const double n = double(steps);
   p.compute = (n - 1) * full.compute + last.compute;
   p.comm = (n - 1) * full.comm + last.comm;
+  p.hbm_bytes =
+      (n - 1) * (full.compute_bytes + full.comm_bytes) + last.compute_bytes + last.comm_bytes;
   const char* head = comm_first ? "comm" : "compute";
   const char* tail = comm_first ? "compute" : "comm";
   if (steps == 1) {
@@ -157,28 +181,86 @@ PipelineCost price_pipeline(std::int64_t steps, StepCost full, StepCost last, bo
 
 /// A step's in-kernel transfer: the direct plan's link time, with the link latency per round in
 /// place of a collective library's per-step α (the kernel writes peer memory and raises flags
-/// itself; no collective is launched).
-double comm_cost(const DeviceProfile& p, CollOp op, int n, std::int64_t count, DType t) {
+/// itself; no collective is launched), plus the profile's fixed cost of a step (LCOC's step
+/// waits for the matmul's blocks, syncs every rank through flags in peer memory before and after
+/// moving the data, and hands the slot back: hicann/ascend-transformer-boost, src/kernels/lcal/
+/// src/kernels/coc_reduce_scatter.cce, CrossRankSyncV1/V2 per step). `hbm_bytes` gets the step's
+/// device-memory traffic: what this rank sends is read, what it receives written, and a
+/// reduction also reads the data it adds to.
+double comm_cost(const DeviceProfile& p, CollOp op, int n, std::int64_t count, DType t,
+                 double* hbm_bytes) {
   const Plan plan = build_plan({op, Algorithm::direct, n, count, 0, true, {}});
   const PlanCost c = price_plan(plan, p, t);
   const double alpha = p.algorithms.at("direct").step_latency_ns;
-  return c.total_ns + double(c.round_ns.size()) * (p.topology.intra_latency_ns - alpha);
+  *hbm_bytes = double(c.max_link_bytes) * (op == CollOp::all_gather ? 2 : 3);
+  return c.total_ns + double(c.round_ns.size()) * (p.topology.intra_latency_ns - alpha) +
+         (n > 1 ? p.fused.step_overhead_ns : 0.0);
+}
+
+/// The fused kernel's transfers' slowdown while its matmul runs: the profile's comm_slowdown
+/// times the shape rule of Ascend's MC2 tiling model (hicann/ops-transformer, mc2/common/src/
+/// matmul_performance.cpp FindCubeUtilByL2Usage, and SetCommTimeFactorForOther in
+/// mc2/all_gather_matmul and mc2/matmul_reduce_scatter's *_formulaic_tiling.cpp): the matmul's
+/// working set is the base blocks of 128 rows x 256 columns its cores hold at once,
+/// (min(m blocks, cores)·128 + min(n blocks, cores)·256)·k elements; past the L2 budget the
+/// transfers slow by l2_overflow_slowdown, else, for k >= large_k and n > large_n, by
+/// large_kn_slowdown. Groups of 2 and MATMUL_ALL_REDUCE keep the base factor, as there.
+/// `m_rows`: the rows of one rank's block (MC2 sizes the working set on the whole kernel).
+ContentionModel fused_contention(const DeviceProfile& p, FusedKind kind, std::int64_t m_rows,
+                                 std::int64_t n, std::int64_t k, int ranks, DType t) {
+  ContentionModel c = p.contention;
+  const FusedKernelCost& f = p.fused;
+  if (f.cube_cores <= 0 || kind == FusedKind::matmul_all_reduce || ranks <= 2) return c;
+  const int which = kind == FusedKind::all_gather_matmul ? 0 : 1;
+  // The rank tiles a step schedules at once (MC2's rankTileNum: ranks - 1 for the gather,
+  // ranks for the reduce-scatter).
+  const std::int64_t tiles = kind == FusedKind::all_gather_matmul ? ranks - 1 : ranks;
+  const std::int64_t base_m = 128, base_n = 256, cores = f.cube_cores;
+  const std::int64_t rows = std::max<std::int64_t>(m_rows, 1);
+  const std::int64_t m_blocks = (rows + base_m - 1) / base_m * tiles;
+  const std::int64_t n_blocks = (n + base_n - 1) / base_n;
+  const double working_set = double(std::min(m_blocks, cores) * std::min(base_m, rows) +
+                                    std::min(n_blocks, cores) * base_n) *
+                             double(k) * double(size_of(t));
+  if (working_set > f.l2_bytes)
+    c.comm_slowdown *= f.l2_overflow_slowdown[which];
+  else if (k >= f.large_k && n > f.large_n)
+    c.comm_slowdown *= f.large_kn_slowdown[which];
+  return c;
 }
 
 /// Prices a kernel's steps: `per_step(h)` gives, for a step of h rows, its GEMM time and the
 /// element count its direct collective `op` moves per rank. Kernels price a step's GEMM as its
 /// share of the whole product at the whole product's efficiency: a fused kernel runs one GEMM
-/// whose tiles it schedules step by step (LCOC), not a series of small GEMMs.
+/// whose tiles it schedules step by step (LCOC), not a series of small GEMMs. `m, n, k`: the
+/// whole product, whose memory traffic is shared out over the steps as its time is.
 template <class PerStep>
-PipelineCost price_steps(const DeviceProfile& profile, const Pipeline& pl, std::int64_t rows,
-                         CollOp op, bool comm_first, DType t, int n_ranks, PerStep per_step) {
-  if (pl.steps == 0) return {};
+PipelineCost price_steps(const DeviceProfile& profile, const Pipeline& tiled, std::int64_t rows,
+                         CollOp op, bool comm_first, DType t, int n_ranks, FusedKind kind,
+                         std::int64_t m, std::int64_t n, std::int64_t k, PerStep per_step) {
+  if (tiled.steps == 0) return {};
+  // A gather communicates the input's rows (k wide), the reductions the output's (n wide).
+  const std::int64_t row_bytes = (op == CollOp::all_gather ? k : n) * std::int64_t(size_of(t));
+  const FusedKernelCost::Steps& rule =
+      kind == FusedKind::all_gather_matmul ? profile.fused.gather : profile.fused.reduce;
+  const Pipeline pl = priced_pipeline(rule, rows, row_bytes, n_ranks, tiled);
+  const double gemm_bytes = gemm_memory_bytes(m, n, k, t);
   const auto cost = [&](std::int64_t h) {
-    const auto [gemm_ns, count] = per_step(h);
-    return StepCost{gemm_ns, comm_cost(profile, op, n_ranks, count, t)};
+    auto [gemm, count] = per_step(h);
+    // Split GEMMs (TE): each step's matmul at its own size; a step computes its h rows of every
+    // rank's block, except the all-reduce kernel's h rows.
+    if (rule.separate_gemms)
+      gemm = gemm_ns(profile, kind == FusedKind::matmul_all_reduce ? h : h * n_ranks, n, k, t);
+    StepCost s;
+    // The matmul runs on what the kernel's transfers leave it (TE's SM margin), the whole kernel.
+    s.compute = gemm * rule.compute_slowdown;
+    s.compute_bytes = gemm_bytes * double(h) / double(rows);
+    s.comm = comm_cost(profile, op, n_ranks, count, t, &s.comm_bytes);
+    return s;
   };
   const StepCost full = cost(pl.step_rows), last = cost(rows - (pl.steps - 1) * pl.step_rows);
-  return price_pipeline(pl.steps, full, last, comm_first, profile.contention);
+  return price_pipeline(pl.steps, full, last, comm_first,
+                        fused_contention(profile, kind, rows, n, k, n_ranks, t));
 }
 
 /// Adds `src` rows into an f32/f64 accumulator, or starts it.
@@ -280,6 +362,7 @@ void launch_fused(Group& g, std::string name, PipelineCost cost, std::uint64_t f
   spec.phases = std::make_shared<const Phases>(std::move(cost.phases));
   spec.inner_compute_ns = cost.compute;
   spec.inner_comm_ns = cost.comm;
+  spec.hbm_bytes = std::uint64_t(cost.hbm_bytes);
   // One kernel on every rank of the group: it starts and ends together (flags synchronise it).
   // Keyed by the group's unique key, as collectives are: display names need not be unique.
   spec.rendezvous.push_back({fmt::format("fused/{}/{}", g.key(), g.next_sequence()), g.size()});
@@ -306,10 +389,11 @@ void all_reduce_kernel(Group& g, const Tensor& x, std::function<Tensor()> weight
   const SymmetricBuffer buf = ws.first;
   const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
-  PipelineCost pc = price_steps(rank.profile(), pl, m, CollOp::all_reduce, false, x.dtype(),
-                                n_ranks, [&](std::int64_t h) {
-                                  return std::pair{whole * double(h) / double(m), h * n};
-                                });
+  PipelineCost pc =
+      price_steps(rank.profile(), pl, m, CollOp::all_reduce, false, x.dtype(), n_ranks,
+                  FusedKind::matmul_all_reduce, m, n, k, [&](std::int64_t h) {
+                    return std::pair{whole * double(h) / double(m), h * n};
+                  });
   if (prologue_ns > 0) {
     pc.total += prologue_ns;
     pc.compute += prologue_ns;
@@ -486,10 +570,11 @@ void matmul_reduce_scatter(Group& g, const Tensor& x, const Tensor& w, bool tran
   const SymmetricBuffer buf = ws.first;
   const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
-  const PipelineCost pc = price_steps(rank.profile(), pl, ml, CollOp::reduce_scatter, false,
-                                      x.dtype(), n_ranks, [&](std::int64_t h) {
-                                        return std::pair{whole * double(h) / double(ml), h * n};
-                                      });
+  const PipelineCost pc =
+      price_steps(rank.profile(), pl, ml, CollOp::reduce_scatter, false, x.dtype(), n_ranks,
+                  FusedKind::matmul_reduce_scatter, m, n, k, [&](std::int64_t h) {
+                    return std::pair{whole * double(h) / double(ml), h * n};
+                  });
   const bool det = o.deterministic;
   launch_fused(
       g, fmt::format("{}MATMUL_REDUCE_SCATTER {}x{}x{}{}", o.label, m, k, n, det ? "" : " nondet"),
@@ -547,10 +632,11 @@ void all_gather_matmul(Group& g, const Tensor& x, const Tensor& w, bool trans_w,
   const SymmetricBuffer buf = ws.first;
   const std::array<std::uint32_t, 2> base = ws.second;
   const double whole = detail::gemm_cost_ns(rank, m, n, k, x.dtype(), {false, trans_w});
-  const PipelineCost pc = price_steps(rank.profile(), pl, ml, CollOp::all_gather, true, x.dtype(),
-                                      n_ranks, [&](std::int64_t h) {
-                                        return std::pair{whole * double(h) / double(ml), h * k};
-                                      });
+  const PipelineCost pc =
+      price_steps(rank.profile(), pl, ml, CollOp::all_gather, true, x.dtype(), n_ranks,
+                  FusedKind::all_gather_matmul, m, n, k, [&](std::int64_t h) {
+                    return std::pair{whole * double(h) / double(ml), h * k};
+                  });
   const Tensor full = gathered.defined() ? gathered : Tensor::shape_only({m, k}, x.dtype());
   launch_fused(
       g,
@@ -597,7 +683,7 @@ double fused_kernel_ns(const DeviceProfile& profile, FusedKind kind, std::int64_
   switch (kind) {
     case FusedKind::matmul_all_reduce: {
       const Pipeline pl = pipeline(m, o);
-      return price_steps(profile, pl, m, CollOp::all_reduce, false, dtype, ranks,
+      return price_steps(profile, pl, m, CollOp::all_reduce, false, dtype, ranks, kind, m, n, k,
                          [&](std::int64_t h) {
                            return std::pair{whole * double(h) / double(m), h * n};
                          })
@@ -606,7 +692,8 @@ double fused_kernel_ns(const DeviceProfile& profile, FusedKind kind, std::int64_
     case FusedKind::matmul_reduce_scatter: {
       const std::int64_t ml = m / ranks;
       const Pipeline pl = pipeline(ml, o);
-      return price_steps(profile, pl, ml, CollOp::reduce_scatter, false, dtype, ranks,
+      return price_steps(profile, pl, ml, CollOp::reduce_scatter, false, dtype, ranks, kind, m, n,
+                         k,
                          [&](std::int64_t h) {
                            return std::pair{whole * double(h) / double(ml), h * n};
                          })
@@ -615,7 +702,7 @@ double fused_kernel_ns(const DeviceProfile& profile, FusedKind kind, std::int64_
     case FusedKind::all_gather_matmul: {
       const std::int64_t ml = m / ranks;
       const Pipeline pl = pipeline(ml, o);
-      return price_steps(profile, pl, ml, CollOp::all_gather, true, dtype, ranks,
+      return price_steps(profile, pl, ml, CollOp::all_gather, true, dtype, ranks, kind, m, n, k,
                          [&](std::int64_t h) {
                            return std::pair{whole * double(h) / double(ml), h * k};
                          })

@@ -89,7 +89,8 @@ void matmul(Rank& rank, const std::string& name, const Tensor& a,
       {.name = fmt::format("{} {}x{}x{}", name, m, k, n),
        .cls = OpClass::compute,
        .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), {false, w->transposed()}, soc),
-       .flops = std::uint64_t(2 * m * n * k)},
+       .flops = std::uint64_t(2 * m * n * k),
+       .hbm_bytes = std::uint64_t(gemm_memory_bytes(m, n, k, a.dtype()))},
       [=] { w->gemm_now(a, c); });
 }
 
@@ -100,7 +101,8 @@ void matmul(Rank& rank, const std::string& name, const Tensor& a, bool ta, const
   rank.current_stream().launch({.name = fmt::format("{} {}x{}x{}", name, m, k, n),
                                 .cls = OpClass::compute,
                                 .work_ns = gemm_cost_ns(rank, m, n, k, a.dtype(), {ta, tb}, soc),
-                                .flops = std::uint64_t(2 * m * n * k)},
+                                .flops = std::uint64_t(2 * m * n * k),
+                                .hbm_bytes = std::uint64_t(gemm_memory_bytes(m, n, k, a.dtype()))},
                                [=, det = rank.deterministic()] { gemm_now(a, ta, b, tb, c, det); });
 }
 
@@ -121,7 +123,8 @@ void add_bias(Rank& rank, const Tensor& y, const Tensor& bias) {
   if (!bias.defined()) return;
   rank.current_stream().launch({.name = "bias add",
                                 .cls = OpClass::compute,
-                                .work_ns = memory_ns(rank.profile(), 2 * y.nbytes())},
+                                .work_ns = memory_ns(rank.profile(), 2 * y.nbytes()),
+                                .hbm_bytes = std::uint64_t(2 * y.nbytes())},
                                [=] { add_bias_now(y, bias); });
 }
 
@@ -153,7 +156,8 @@ DType grad_dtype(DType weight) {
 void accumulate(Rank& rank, const Tensor& main_grad, const Tensor& g) {
   rank.current_stream().launch({.name = "main_grad +=",
                                 .cls = OpClass::compute,
-                                .work_ns = memory_ns(rank.profile(), 3 * main_grad.nbytes())},
+                                .work_ns = memory_ns(rank.profile(), 3 * main_grad.nbytes()),
+                                .hbm_bytes = std::uint64_t(3 * main_grad.nbytes())},
                                [=] { add_into(main_grad, g); });
 }
 
@@ -169,7 +173,8 @@ void weight_grad(Rank& rank, const std::string& name, const Tensor& dy, const Te
   rank.current_stream().launch({.name = fmt::format("{} {}x{}x{} (+= main_grad)", name, n, m, k),
                                 .cls = OpClass::compute,
                                 .work_ns = gemm_cost_ns(rank, n, k, m, dy.dtype(), {true, false}),
-                                .flops = std::uint64_t(2 * m * n * k)},
+                                .flops = std::uint64_t(2 * m * n * k),
+                                .hbm_bytes = std::uint64_t(gemm_memory_bytes(n, k, m, dy.dtype()))},
                                [=, det = rank.deterministic()] {
                                  const DType wide = grad_dtype(dy.dtype());
                                  Tensor dw = Tensor::zeros(main_grad.shape(), wide);
@@ -183,7 +188,8 @@ void bias_grad(Rank& rank, const Tensor& db, const Tensor& dy) {
   if (!db.defined()) return;
   rank.current_stream().launch({.name = "bias grad",
                                 .cls = OpClass::compute,
-                                .work_ns = memory_ns(rank.profile(), dy.nbytes())},
+                                .work_ns = memory_ns(rank.profile(), dy.nbytes()),
+                                .hbm_bytes = std::uint64_t(dy.nbytes())},
                                [=] {
                                  const Tensor d = dy.to(DType::f64);
                                  const std::int64_t m = d.size(0), n = d.size(1);
@@ -202,7 +208,8 @@ void shuffle_rows(Rank& rank, const Tensor& src, const Tensor& dst, std::int64_t
   rank.current_stream().launch(
       {.name = fmt::format("reorder [{}, {}, per] -> [{}, {}, per]", a, b, b, a),
        .cls = OpClass::compute,
-       .work_ns = memory_ns(rank.profile(), 2 * src.nbytes())},
+       .work_ns = memory_ns(rank.profile(), 2 * src.nbytes()),
+       .hbm_bytes = std::uint64_t(2 * src.nbytes())},
       [=] {
         const std::int64_t rows = src.size(0), per = rows / (a * b);
         const std::size_t row_bytes = std::size_t(src.shape().row_numel()) * size_of(src.dtype());
@@ -220,7 +227,8 @@ void copy_columns(Rank& rank, const Tensor& narrow, const Tensor& wide, std::int
                   bool into_wide) {
   rank.current_stream().launch({.name = into_wide ? "place columns" : "take columns",
                                 .cls = OpClass::compute,
-                                .work_ns = memory_ns(rank.profile(), 2 * narrow.nbytes())},
+                                .work_ns = memory_ns(rank.profile(), 2 * narrow.nbytes()),
+                                .hbm_bytes = std::uint64_t(2 * narrow.nbytes())},
                                [=] {
                                  const std::int64_t m = narrow.size(0), w = narrow.size(1),
                                                     W = wide.size(1);

@@ -85,9 +85,11 @@ Tensor alloc_out(const Rank& rank, const Shape& shape, DType dtype);
 /// Memory-bound work on the current stream, priced as `bytes` of device-memory traffic.
 template <class Fn>
 void elementwise(Rank& rank, const std::string& name, std::uint64_t bytes, Fn fn) {
-  rank.current_stream().launch(
-      {.name = name, .cls = OpClass::compute, .work_ns = memory_ns(rank.profile(), bytes)},
-      std::move(fn));
+  rank.current_stream().launch({.name = name,
+                                .cls = OpClass::compute,
+                                .work_ns = memory_ns(rank.profile(), bytes),
+                                .hbm_bytes = bytes},
+                               std::move(fn));
 }
 /// Element i of any dtype as double; `set` stores a double rounded once to the tensor's dtype
 /// (the elementwise numerics run in double).

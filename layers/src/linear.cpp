@@ -99,7 +99,8 @@ detail::SocPricing soc_prepare(Rank& rank, const LinearOptions& o, int P, std::i
                                                               "column-major",
                                                               k, n)),
                                   .cls = OpClass::compute,
-                                  .work_ns = memory_ns(p, 2 * std::uint64_t(k * n) * e)},
+                                  .work_ns = memory_ns(p, 2 * std::uint64_t(k * n) * e),
+                                  .hbm_bytes = 2 * std::uint64_t(k * n) * e},
                                  [] {});
     return {true, 0};
   }
@@ -108,7 +109,8 @@ detail::SocPricing soc_prepare(Rank& rank, const LinearOptions& o, int P, std::i
     rank.current_stream().launch(
         {.name = name(o, fmt::format("soc-friendly pad k {} -> {}", k, s.padded_k)),
          .cls = OpClass::compute,
-         .work_ns = memory_ns(p, elems * e)},
+         .work_ns = memory_ns(p, elems * e),
+         .hbm_bytes = elems * e},
         [] {});
     return {false, s.padded_k};
   }

@@ -28,6 +28,15 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   m.sequence_parallel = top.boolean("sequence_parallel");
   m.swiglu = top.boolean_or("swiglu", false);
   if (top.has("vocab_size")) m.vocab_size = top.integer("vocab_size", 1, 1 << 24);
+  const std::string attention = top.string_or("attention", "flash");
+  COCEMU_CHECK(attention == "flash" || attention == "unfused", Errc::parse_error,
+               "{}: attention '{}'; allowed flash, unfused", top.where(), attention);
+  m.flash_attention = attention == "flash";
+  m.masked_softmax_fusion = top.boolean_or("masked_softmax_fusion", true);
+  COCEMU_CHECK(m.masked_softmax_fusion || !m.flash_attention, Errc::parse_error,
+               "{}: masked_softmax_fusion: false needs attention: unfused (flash attention has no "
+               "separate softmax)",
+               top.where());
   top.finish();
   const int tp = m.tensor_model_parallel_size;
   COCEMU_CHECK(m.hidden_size % m.num_attention_heads == 0, Errc::parse_error,

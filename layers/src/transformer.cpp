@@ -191,11 +191,16 @@ void TransformerLayer::local_attention_forward(Rank& rank, const std::shared_ptr
   rank.current_stream().launch(
       {.name = fmt::format("{} {}x{}", name, c_.seq, c_.seq),
        .cls = OpClass::compute,
-       .work_ns = c_.flash_attention ? attention_ns(rank.profile(), c_.batch * heads_l, c_.seq,
-                                                    c_.seq, d, c_.dtype, 0.5, false)
-                                     : unfused_attention_ns(rank.profile(), c_.batch * heads_l,
-                                                            c_.seq, c_.seq, d, c_.dtype, false),
-       .flops = std::uint64_t(flops)},
+       .work_ns = c_.flash_attention
+                      ? attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
+                                     c_.dtype, 0.5, false)
+                      : unfused_attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
+                                             c_.dtype, false, c_.masked_softmax_fusion),
+       .flops = std::uint64_t(flops),
+       .hbm_bytes = c_.flash_attention
+                        ? std::uint64_t(attention_memory_bytes(c_.batch * heads_l, c_.seq, c_.seq,
+                                                               d, c_.dtype, false))
+                        : 0},
       [=, seq = c_.seq, batch = c_.batch] {
         attn::AttentionArgs aa = a;
         aa.q_pos = aa.k_pos = &s->pos;
@@ -378,10 +383,15 @@ Tensor TransformerLayer::backward(const Tensor& dy, const LinearOptions& o) {
     rank.current_stream().launch(
         {.name = fmt::format("core attention bwd {}x{}", c_.seq, c_.seq),
          .cls = OpClass::compute,
-         .work_ns = c_.flash_attention ? attention_ns(rank.profile(), c_.batch * heads_l, c_.seq,
-                                                      c_.seq, d, c_.dtype, 0.5, true)
-                                       : unfused_attention_ns(rank.profile(), c_.batch * heads_l,
-                                                              c_.seq, c_.seq, d, c_.dtype, true)},
+         .work_ns = c_.flash_attention
+                        ? attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq, d,
+                                       c_.dtype, 0.5, true)
+                        : unfused_attention_ns(rank.profile(), c_.batch * heads_l, c_.seq, c_.seq,
+                                               d, c_.dtype, true, c_.masked_softmax_fusion),
+         .hbm_bytes = c_.flash_attention
+                          ? std::uint64_t(attention_memory_bytes(c_.batch * heads_l, c_.seq, c_.seq,
+                                                                 d, c_.dtype, true))
+                          : 0},
         [=, seq = c_.seq, batch = c_.batch] {
           attn::AttentionArgs aa = a;
           aa.q_pos = aa.k_pos = &s->pos;

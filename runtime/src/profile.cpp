@@ -245,6 +245,10 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
   p.gemm.unaligned_efficiency = gemm.number("unaligned_efficiency", 0.01, 1.0);
   gemm.finish();
   p.kernel_min_ns = compute.number("kernel_min_ns", 0, 1e7);
+  if (compute.has("kernel_overhead_ns"))
+    p.kernel_overhead_ns = compute.number("kernel_overhead_ns", 0, 1e7);
+  if (compute.has("in_training_efficiency"))
+    p.in_training_efficiency = compute.number("in_training_efficiency", 0.01, 1.0);
   if (compute.has("attention_efficiency"))
     p.attention_efficiency = compute.number("attention_efficiency", 0.01, 1.0);
   if (compute.has("attention_row_overhead_keys"))
@@ -255,6 +259,8 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
 
   YamlReader memory = top.map("memory");
   p.memory_bandwidth = memory.number("bandwidth_bytes_per_s", 1e6, 1e15);
+  if (memory.has("in_training_efficiency"))
+    p.memory_in_training_efficiency = memory.number("in_training_efficiency", 0.01, 1.0);
   if (memory.has("capacity_bytes")) p.memory_capacity = memory.number("capacity_bytes", 1e6, 1e15);
   memory.finish();
 
@@ -290,6 +296,9 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
   YamlReader cont = top.map("contention");
   p.contention.compute_slowdown = cont.number("compute_slowdown", 1.0, 10.0);
   p.contention.comm_slowdown = cont.number("comm_slowdown", 1.0, 10.0);
+  // Running ops share the device memory whose bandwidth `memory:` gives (ContentionModel).
+  p.contention.memory_bytes_per_ns =
+      cont.boolean_or("shared_memory", true) ? p.memory_bandwidth / 1e9 : 0.0;
   cont.finish();
   if (top.has("tp_overlap")) {
     for (const auto& [mechanism, where] : top.strings("tp_overlap")) {
@@ -307,6 +316,51 @@ Parsed parse_profile(const std::string& text, const std::string& origin, int dep
                  "{}: tp_overlap mixes Megatron-LM's te_userbuffers with Ascend's MindSpeed "
                  "mechanisms; a platform runs one software stack",
                  top.where(top.node()["tp_overlap"]));
+  }
+
+  if (top.has("fused")) {
+    YamlReader f = top.map("fused");
+    FusedKernelCost& c = p.fused;
+    c.step_overhead_ns = f.number("step_overhead_ns", 0, 1e8);
+    // step_bytes: both kinds' steps; gather_steps / reduce_steps: one kind's.
+    if (f.has("step_bytes"))
+      c.gather.step_bytes = c.reduce.step_bytes = f.number("step_bytes", 1, 1e12);
+    for (const char* kind : {"gather_steps", "reduce_steps"}) {
+      if (!f.has(kind)) continue;
+      COCEMU_CHECK(!f.has("step_bytes"), Errc::parse_error,
+                   "{}: fused.step_bytes (both kinds' steps) and fused.{} both set; give one",
+                   f.where(), kind);
+      YamlReader k = f.map(kind);
+      FusedKernelCost::Steps& st = std::string(kind) == "gather_steps" ? c.gather : c.reduce;
+      if (k.has("step_bytes")) st.step_bytes = k.number("step_bytes", 1, 1e12);
+      st.ring = k.boolean_or("ring", false);
+      if (k.has("count")) st.count = int(k.integer("count", 1, 1 << 20));
+      if (k.has("compute_slowdown")) st.compute_slowdown = k.number("compute_slowdown", 1.0, 10.0);
+      st.separate_gemms = k.boolean_or("separate_gemms", false);
+      COCEMU_CHECK(int(st.step_bytes > 0) + int(st.ring) + int(st.count > 0) <= 1,
+                   Errc::parse_error,
+                   "{}: fused.{} gives more than one of step_bytes, ring and count; a kernel's "
+                   "steps follow one rule",
+                   k.where(), kind);
+      k.finish();
+    }
+    if (f.has("l2_rule")) {
+      YamlReader r = f.map("l2_rule");
+      c.cube_cores = int(r.integer("cube_cores", 1, 1 << 12));
+      c.l2_bytes = r.number("l2_bytes", 1, 1e12);
+      YamlReader over = r.map("overflow_slowdown");
+      c.l2_overflow_slowdown[0] = over.number("all_gather", 1.0, 100.0);
+      c.l2_overflow_slowdown[1] = over.number("reduce_scatter", 1.0, 100.0);
+      over.finish();
+      c.large_k = r.integer("large_k", 1, std::int64_t(1) << 40);
+      c.large_n = r.integer("large_n", 1, std::int64_t(1) << 40);
+      YamlReader kn = r.map("large_kn_slowdown");
+      c.large_kn_slowdown[0] = kn.number("all_gather", 1.0, 100.0);
+      c.large_kn_slowdown[1] = kn.number("reduce_scatter", 1.0, 100.0);
+      kn.finish();
+      r.finish();
+    }
+    f.finish();
   }
   if (top.has("assumptions")) {
     const std::vector<std::string> known = p.scalable_keys();
@@ -349,7 +403,10 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
   v.push_back({"compute.attention_backward_efficiency",
                {&p.attention_backward_efficiency, Param::fraction}});
   v.push_back({"compute.kernel_min_ns", {&p.kernel_min_ns, Param::plain}});
+  v.push_back({"compute.in_training_efficiency", {&p.in_training_efficiency, Param::fraction}});
   v.push_back({"memory.bandwidth_bytes_per_s", {&p.memory_bandwidth, Param::plain}});
+  v.push_back(
+      {"memory.in_training_efficiency", {&p.memory_in_training_efficiency, Param::fraction}});
   Topology& t = p.topology;
   if (!t.intra_switch)
     v.push_back({"topology.intra_node.per_peer_bytes_per_s", {&t.intra_per_peer, Param::plain}});
@@ -372,6 +429,10 @@ std::vector<std::pair<std::string, Param>> params_of(DeviceProfile& p) {
   v.push_back({"host.fused_launch_overhead_ns", {&p.fused_launch_overhead_ns, Param::plain}});
   v.push_back({"contention.compute_slowdown", {&p.contention.compute_slowdown, Param::slowdown}});
   v.push_back({"contention.comm_slowdown", {&p.contention.comm_slowdown, Param::slowdown}});
+  v.push_back({"fused.step_overhead_ns", {&p.fused.step_overhead_ns, Param::plain}});
+  v.push_back({"fused.gather_steps.step_bytes", {&p.fused.gather.step_bytes, Param::plain}});
+  v.push_back({"fused.reduce_steps.step_bytes", {&p.fused.reduce.step_bytes, Param::plain}});
+  v.push_back({"compute.kernel_overhead_ns", {&p.kernel_overhead_ns, Param::plain}});
   return v;
 }
 }  // namespace
@@ -386,6 +447,14 @@ std::vector<std::string> DeviceProfile::scalable_keys() const {
   for (const auto& [key, param] : params_of(copy))
     keys.push_back(key);
   return keys;
+}
+
+double DeviceProfile::value(const std::string& key) const {
+  DeviceProfile copy = *this;
+  for (const auto& [k, param] : params_of(copy))
+    if (k == key) return *param.value;
+  COCEMU_FAIL(Errc::invalid_argument, "profile '{}' has no parameter '{}'; allowed: {}", name, key,
+              fmt::join(scalable_keys(), ", "));
 }
 
 DeviceProfile DeviceProfile::scaled(const std::string& key, double factor) const {
@@ -410,6 +479,9 @@ DeviceProfile DeviceProfile::scaled(const std::string& key, double factor) const
           std::max(copy.topology.intra_per_device, copy.topology.intra_per_peer);
     }
     if (copy.topology.intra_switch) copy.topology.intra_per_peer = copy.topology.intra_per_device;
+    // The shared memory of the contention model is the device memory.
+    if (copy.contention.memory_bytes_per_ns > 0)
+      copy.contention.memory_bytes_per_ns = copy.memory_bandwidth / 1e9;
     return copy;
   }
   COCEMU_FAIL(Errc::invalid_argument, "profile '{}' has no parameter '{}'; allowed: {}", name, key,

@@ -31,12 +31,24 @@ std::string op_detail(const OpRecord& op) {
   return op.seq < 0 ? *op.detail : *op.detail + " seq " + std::to_string(op.seq);
 }
 
-double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& cm) {
+double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& cm,
+                     double compute_hbm_bytes, double comm_hbm_bytes) {
   if (compute_ns <= 0 || comm_ns <= 0) return std::max({compute_ns, comm_ns, 0.0});
-  const double compute_slow = compute_ns * cm.compute_slowdown,
-               comm_slow = comm_ns * cm.comm_slowdown;
-  if (compute_slow <= comm_slow) return compute_slow + (comm_ns - compute_slow / cm.comm_slowdown);
-  return comm_slow + (compute_ns - comm_slow / cm.compute_slowdown);
+  // While both run, each asks for its traffic at the speed its contention factor leaves it (the
+  // schedule's rule); requests beyond the memory bandwidth slow those that ask by their sum.
+  double a = cm.compute_slowdown, b = cm.comm_slowdown;
+  if (cm.memory_bytes_per_ns > 0) {
+    const double ask_compute = compute_hbm_bytes / compute_ns / cm.memory_bytes_per_ns / a,
+                 ask_comm = comm_hbm_bytes / comm_ns / cm.memory_bytes_per_ns / b;
+    const double d = ask_compute + ask_comm;
+    if (d > 1) {
+      if (ask_compute > 0) a *= d;
+      if (ask_comm > 0) b *= d;
+    }
+  }
+  const double compute_slow = compute_ns * a, comm_slow = comm_ns * b;
+  if (compute_slow <= comm_slow) return compute_slow + (comm_ns - compute_slow / b);
+  return comm_slow + (compute_ns - comm_slow / a);
 }
 
 std::int64_t Timeline::makespan_ns() const {
@@ -146,11 +158,25 @@ struct Sim {
     job_ready.assign(jobs.size(), 0);
   }
 
-  /// Ops of a rank running now: compute ones, comm ones, and comm ones per link (LinkUse bit).
+  /// Ops of a rank running now: compute ones, comm ones, and comm ones per link (LinkUse bit);
+  /// and, per event, the memory each rank's running ops ask for (fractions of the bandwidth).
   struct Load {
     std::vector<int> compute, comm;
     std::vector<std::array<int, 4>> link;
-    explicit Load(std::size_t ranks) : compute(ranks), comm(ranks), link(ranks) {}
+    std::vector<double> memory;
+    double bandwidth = 0;  // bytes per ns; 0: memory not shared
+    explicit Load(std::size_t ranks, double bytes_per_ns)
+        : compute(ranks), comm(ranks), link(ranks), memory(ranks), bandwidth(bytes_per_ns) {}
+    /// The op's request at full speed: its traffic over its duration, in bandwidths.
+    double request(const OpRecord& op) const {
+      if (bandwidth <= 0 || op.hbm_bytes == 0 || op.work_ns <= 0) return 0;
+      return double(op.hbm_bytes) / op.work_ns / bandwidth;
+    }
+    /// 1/D for an op that asks for memory while its rank's requests add up to D > 1, else 1.
+    double memory_rate(const OpRecord& op) const {
+      const double d = memory[std::size_t(op.rank)];
+      return request(op) > 0 && d > 1 ? 1 / d : 1;
+    }
     void add(const OpRecord& op, int d) {
       const std::size_t r = std::size_t(op.rank);
       if (op.cls == OpClass::compute || op.cls == OpClass::fused) compute[r] += d;
@@ -174,30 +200,57 @@ struct Sim {
     }
   };
 
-  double rate(int job, const Load& load) const {
-    double r = std::numeric_limits<double>::infinity();
-    for (std::size_t m : jobs[job]) {
-      const OpRecord& op = *ops[m];
-      const std::size_t k = std::size_t(op.rank);
-      double x = 1.0;
-      switch (op.cls) {
-        case OpClass::compute:
-          x = 1.0 / std::max(1, load.compute[k]);
-          if (load.comm[k] > 0) x /= cm.compute_slowdown;
-          break;
-        case OpClass::comm:
-          x = 1.0 / load.sharing(op);
-          if (load.compute[k] > 0) x /= cm.comm_slowdown;
-          break;
-        case OpClass::fused:
-          x = 1.0 / std::max(load.compute[k], load.sharing(op));
-          break;
-        default:
-          break;
-      }
-      r = std::min(r, x);
+  /// The op's speed from the units it shares: compute ops split the cores, comm ops their busiest
+  /// link, and each slows by the other side's contention factor while that side runs.
+  double share(const OpRecord& op, const Load& load) const {
+    const std::size_t k = std::size_t(op.rank);
+    double x = 1.0;
+    switch (op.cls) {
+      case OpClass::compute:
+        x = 1.0 / std::max(1, load.compute[k]);
+        if (load.comm[k] > 0) x /= cm.compute_slowdown;
+        break;
+      case OpClass::comm:
+        x = 1.0 / load.sharing(op);
+        if (load.compute[k] > 0) x /= cm.comm_slowdown;
+        break;
+      case OpClass::fused:
+        x = 1.0 / std::max(load.compute[k], load.sharing(op));
+        break;
+      default:
+        break;
     }
+    return x;
+  }
+
+  /// A job's speed without the memory term: its slowest member's share.
+  double share(int job, const Load& load) const {
+    double r = std::numeric_limits<double>::infinity();
+    for (std::size_t m : jobs[job])
+      r = std::min(r, share(*ops[m], load));
     return r;
+  }
+
+  /// Every running job's speed: its share, and, where a rank's running ops ask for more memory
+  /// than it has (each asks its request times the speed its share lets it run at, so ops that
+  /// already split the cores do not count twice), 1/D of it for the ops that ask.
+  void rates(const std::vector<int>& jobs_running, Load& load, std::vector<double>& out) const {
+    out.resize(jobs_running.size());
+    for (std::size_t k = 0; k < jobs_running.size(); ++k)
+      out[k] = share(jobs_running[k], load);
+    if (load.bandwidth <= 0) return;
+    for (const int j : jobs_running)
+      for (std::size_t m : jobs[j])
+        load.memory[std::size_t(ops[m]->rank)] = 0;
+    for (std::size_t k = 0; k < jobs_running.size(); ++k)
+      for (std::size_t m : jobs[jobs_running[k]])
+        load.memory[std::size_t(ops[m]->rank)] += out[k] * load.request(*ops[m]);
+    for (std::size_t k = 0; k < jobs_running.size(); ++k) {
+      double r = std::numeric_limits<double>::infinity();
+      for (std::size_t m : jobs[jobs_running[k]])
+        r = std::min(r, share(*ops[m], load) * load.memory_rate(*ops[m]));
+      out[k] = r;
+    }
   }
 
   std::string describe(std::size_t i) const {
@@ -305,7 +358,7 @@ struct Sim {
     const std::size_t n = ops.size();
     for (std::size_t i = 0; i < n; ++i)
       if (unmet[i] == 0) to_start.push_back(i);
-    Load load(g.ranks.size());
+    Load load(g.ranks.size(), cm.memory_bytes_per_ns);
     double t = 0;
     std::size_t n_done = 0;
     while (n_done < n) {
@@ -332,12 +385,11 @@ struct Sim {
       if (n_done == n) break;
       if (running.empty()) report_deadlock(n - n_done);
       // Advance to the next completion.
-      std::vector<double> rates(running.size());
+      std::vector<double> rates;
+      this->rates(running, load, rates);
       double dt = std::numeric_limits<double>::infinity();
-      for (std::size_t k = 0; k < running.size(); ++k) {
-        rates[k] = rate(running[k], load);
+      for (std::size_t k = 0; k < running.size(); ++k)
         dt = std::min(dt, job_left[running[k]] / rates[k]);
-      }
       t += dt;
       std::vector<int> still;
       for (std::size_t k = 0; k < running.size(); ++k) {

@@ -500,6 +500,7 @@ OpRecord& Rank::append_op(int lane, OpSpec&& spec) {
   rec.deps = std::move(spec.deps);
   rec.rendezvous = std::move(spec.rendezvous);
   rec.bytes = spec.bytes;
+  rec.hbm_bytes = spec.hbm_bytes;
   rec.flops = spec.flops;
   rec.link_use = spec.link_use;
   rec.detail = std::move(spec.detail);

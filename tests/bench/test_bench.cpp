@@ -9,6 +9,7 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -176,17 +177,19 @@ TEST(Bench, VerdictsNameTheFailedCriterion) {
   EXPECT_GE(count(degrade, "comm degradation"), 4) << degrade[0].text;
 }
 
-// #33 item 19: the review's `fwd attn.qkv` on LLaMA2-70B (910B): script P=4 is the fastest
-// script split and beats serial, yet MindSpeed's criteria say "matmul too small". The verdict
-// says to use it without the fused kernels; the criteria stay, as diagnostics, beside it.
+// #33 item 19: on LLaMA2-70B (910B) a segment where script P=4 is the fastest script split and
+// beats serial, yet MindSpeed's criteria say "matmul too small", and the fused kernel is faster
+// still (`bwd attn.out`; the review's case was `fwd attn.qkv`, where with the fused kernels'
+// calibrated step cost P=4 is now the fastest of all). The verdict says to use P=4 without the
+// fused kernels; the criteria stay, as diagnostics, beside it.
 TEST(Bench, RecommendationSaysWhetherToUseEachSplit) {
   BenchConfig c = bench_config_for(layers::load_model_config("llama2-70b"));
   c.profile = std::make_shared<const DeviceProfile>(load_named_profile("ascend-910b"));
   c.dry_run = true;
   const BenchResult r = run_bench(c);
   const nlohmann::json j = to_json(r);
-  const nlohmann::json& qkv = j["segments"][0];
-  ASSERT_EQ(qkv["name"], "fwd attn.qkv");
+  const nlohmann::json& qkv = j["segments"][5];
+  ASSERT_EQ(qkv["name"], "bwd attn.out");
   std::map<std::string, nlohmann::json> by_name;
   for (const auto& st : qkv["strategies"])
     by_name[st["name"].get<std::string>()] = st;
@@ -202,13 +205,13 @@ TEST(Bench, RecommendationSaysWhetherToUseEachSplit) {
   EXPECT_EQ(by_name.at("fused")["use"], "yes");
   EXPECT_EQ(by_name.at("script P=2")["use"], "no");
   EXPECT_NE(
-      by_name.at("script P=2")["recommendation"].get<std::string>().find("script P=4 is faster"),
+      by_name.at("script P=2")["recommendation"].get<std::string>().find("not faster than serial"),
       std::string::npos);
   EXPECT_EQ(qkv["best_strategy"], "fused");
   EXPECT_EQ(qkv["best_script_split"], "script P=4");
   // The report says it in words, and keeps the criteria apart.
   const std::string text = format_report(r);
-  EXPECT_NE(text.find("fwd attn.qkv   use fused: "), std::string::npos) << text;
+  EXPECT_NE(text.find("bwd attn.out   use fused: "), std::string::npos) << text;
   EXPECT_NE(text.find("without fused kernels: script P=4"), std::string::npos) << text;
   EXPECT_NE(text.find("not met  matmul too small"), std::string::npos) << text;
   EXPECT_EQ(text.find("failed"), std::string::npos) << text;
@@ -322,7 +325,7 @@ TEST(Validate, ShippedReferencesAreCitedAndWithinBounds) {
   double max_parts = 0, sum_parts = 0;
   int parts = 0;
   for (const Reference& r : v.rows)
-    if (!r.training) {
+    if (!r.training && !r.gain_row) {
       max_parts = std::max(max_parts, std::fabs(r.delta_pct));
       sum_parts += std::fabs(r.delta_pct);
       ++parts;
@@ -486,6 +489,221 @@ TEST(Validate, PublishedLayerTimes) {
             "layer.yaml");
       },
       Errc::parse_error, {"layer.yaml", "'sideways'", "forward, backward"});
+}
+
+// MindSpeed-LLM's 910B runs (tokens per second per NPU, layouts of its example scripts): the
+// profile's in-training rate is fitted on LLaMA2-7B (TP 1: no fused kernel enters it) and tested
+// by the five others, each within 20% but GPT3-175B (+24%: measured with May-2024 software, the
+// one miss; README). MindSpeed's fused-kernel gains: the step cost fitted on LLaMA2-70B's, the two
+// BLOOM gains test it, and the model keeps the published order BLOOM-7B < BLOOM-176B < LLaMA2-70B.
+TEST(Validate, AscendTrainingRunsAndFusedKernelGains) {
+  const Validation v = validate_shipped();
+  int runs = 0, within = 0;
+  std::map<std::string, double> gain;
+  for (const Reference& r : v.rows) {
+    if (r.device != "ascend-910b") continue;
+    if (r.kind == "training") {
+      ++runs;
+      EXPECT_TRUE(r.conversion.starts_with("tokens/s per device")) << r.name;
+      EXPECT_LE(std::fabs(r.delta_pct), 25.0) << r.name;
+      within += std::fabs(r.delta_pct) <= 20.0;
+      if (!r.fitted.empty()) {
+        EXPECT_LT(std::fabs(r.delta_pct), 0.5) << r.name;
+      }
+    } else if (r.kind == "coc_gain") {
+      EXPECT_TRUE(r.gain_row);
+      EXPECT_LE(std::fabs(r.delta_pct), 4.0) << r.name;  // points
+      for (const char* m : {"LLaMA2-70B", "BLOOM-7B", "BLOOM-176B"})
+        if (r.name.find(m) != std::string::npos) gain[m] = r.modeled;
+      if (!r.fitted.empty()) {
+        EXPECT_LT(std::fabs(r.delta_pct), 0.2) << r.name;
+      }
+    }
+  }
+  EXPECT_EQ(runs, 6);
+  EXPECT_GE(within, 5);
+  ASSERT_EQ(gain.size(), 3u);
+  EXPECT_LT(gain["BLOOM-7B"], gain["BLOOM-176B"]);
+  EXPECT_LT(gain["BLOOM-176B"], gain["LLaMA2-70B"]);
+}
+
+// Korthikanti et al. Table 5, as iteration times: the model within 3.5% on average and 8% at
+// worst (Calculon, run on the same eight runs: 3.65% and 8.87%).
+TEST(Validate, KorthikantiTable5IterationTimes) {
+  const Validation v = validate_shipped();
+  double sum = 0, worst = 0;
+  int n = 0;
+  for (const Reference& r : v.rows)
+    if (r.training && r.source.find("Korthikanti") != std::string::npos) {
+      const double time_error = std::fabs(r.published / r.modeled - 1);
+      sum += time_error;
+      worst = std::max(worst, time_error);
+      ++n;
+    }
+  ASSERT_EQ(n, 8);
+  EXPECT_LE(100 * sum / n, 3.5);
+  EXPECT_LE(100 * worst, 8.0);
+}
+
+// The reference kinds and conversions the Ascend and gain rows use, on a small model: a
+// coc_gain is what `train --compare-coc` reports (serial / fused - 1, from the same two runs a
+// training reference models), tokens/s per device converts to the same model TFLOP/s as the
+// iteration time it implies, and stage_layers is Megatron's --num-layer-list.
+TEST(Validate, GainsAndThroughputConversions) {
+  const std::string model =
+      "model: {hidden: 256, heads: 8, layers: 4, vocab: 1024, seq: 256}\n    gpus: 16\n"
+      "    layout: {tp: 8, pp: 2, stage_layers: [1, 3], micro_batch_size: 1, global_batch_size: 8, "
+      "recompute: none, sequence_parallel: true, distributed_optimizer: false, "
+      "overlap_grad_reduce: false";
+  const std::string yaml =
+      "references:\n"
+      "  - name: serial\n    kind: training\n    device: ascend-910b\n    " +
+      model +
+      ", coc: serial}\n    flops: iteration_seconds\n    published: 0.5\n    source: s\n"
+      "  - name: fused\n    kind: training\n    device: ascend-910b\n    " +
+      model +
+      ", coc: fused}\n    flops: iteration_seconds\n    published: 0.5\n    source: s\n"
+      "  - name: gain\n    kind: coc_gain\n    device: ascend-910b\n    " +
+      model +
+      "}\n    published: -1.5\n    source: s\n"
+      "  - name: throughput\n    kind: training\n    device: ascend-910b\n    " +
+      model +
+      ", coc: serial}\n    flops: tokens_per_second_per_device\n    published: 256\n    "
+      "source: s\n";
+  const Validation v = validate(yaml, "gains.yaml");
+  ASSERT_EQ(v.rows.size(), 4u);
+  const double serial = v.rows[0].iteration_ms, fused = v.rows[1].iteration_ms;
+  EXPECT_NE(serial, fused);
+  EXPECT_NEAR(v.rows[2].modeled, 100 * (serial / fused - 1), 1e-9);
+  EXPECT_NEAR(v.rows[2].delta_pct, v.rows[2].modeled + 1.5, 1e-9);  // points, not relative
+  EXPECT_EQ(v.rows[2].iteration_ms, serial);
+  // 8 sequences of 256 tokens at 256 tokens/s on each of 16 devices: 0.5 s per iteration.
+  EXPECT_NEAR(v.rows[3].published, v.rows[0].published, 1e-9 * v.rows[0].published);
+  EXPECT_NEAR(v.rows[3].iteration_ms, serial, 1e-9);
+  testing::expect_error(
+      [&] {
+        std::string bad = yaml;
+        bad.replace(bad.find("stage_layers: [1, 3]"), 20, "stage_layers: [1, x]");
+        validate(bad, "stages.yaml");
+      },
+      Errc::parse_error, {"stages.yaml", "stage_layers", "'x'"});
+  testing::expect_error(
+      [&] {
+        validate("references:\n  - name: gain\n    kind: coc_gain\n    device: ascend-910b\n    " +
+                     model + ", coc: fused}\n    published: 1\n    source: s\n",
+                 "gain.yaml");
+      },
+      Errc::parse_error, {"gain.yaml", "coc_gain", "must not set coc"});
+  testing::expect_error(
+      [&] {
+        validate(
+            "references:\n  - {name: x, kind: gemm, device: h100-sxm, m: 1, n: 1, k: 1, "
+            "dtype: bf16, published: -1, source: s}\n",
+            "neg.yaml");
+      },
+      Errc::parse_error, {"published -1", "must be positive"});
+}
+
+// validate names, for each fitted parameter, what it was fitted on and what tests it: the other
+// references of its profile and kind that fit nothing, those naming it under `tests:`, and, for
+// the network's parameters, only references that span nodes. `--markdown` prints both tables.
+TEST(Validate, CalibrationListsFittedOnAndTestedBy) {
+  const std::string yaml = R"(references:
+  - {name: fit, kind: gemm, device: h100-sxm, m: 4096, n: 4096, k: 4096, dtype: bf16, published: 780, source: s, fitted: [compute.gemm.max_efficiency]}
+  - {name: test, kind: gemm, device: h100-sxm, m: 2048, n: 2048, k: 2048, dtype: bf16, published: 630, source: s}
+  - {name: other fit, kind: gemm, device: h100-sxm, m: 1024, n: 1024, k: 1024, dtype: bf16, published: 236, source: s, fitted: [compute.gemm.half_efficiency_flops]}
+  - {name: other device, kind: gemm, device: a100-sxm, m: 2048, n: 2048, k: 2048, dtype: bf16, published: 250, source: s}
+  - {name: named, kind: memory, device: h100-sxm, bytes: 1000000000, counted: moved, published: 2800, source: s, tests: [compute.gemm.max_efficiency]}
+  - {name: nic fit, kind: collective, device: h100-sxm, op: reduce_scatter, ranks: 32, bytes: 4294967296, metric: busbw, published: 360, source: s, fitted: [topology.inter_node.bandwidth_efficiency]}
+  - {name: in node, kind: collective, device: h100-sxm, op: all_gather, ranks: 8, bytes: 17179869184, metric: busbw, published: 361, source: s}
+  - {name: across nodes, kind: collective, device: h100-sxm, op: all_reduce, ranks: 32, bytes: 4294967296, metric: busbw, published: 365, source: s}
+)";
+  const Validation v = validate(yaml, "cal.yaml");
+  auto find = [&](const std::string& key) {
+    for (const Calibration& c : v.calibration)
+      if (c.key == key) return c;
+    ADD_FAILURE() << key;
+    return Calibration{};
+  };
+  const Calibration gemm = find("compute.gemm.max_efficiency");
+  EXPECT_EQ(gemm.device, "h100-sxm");
+  EXPECT_DOUBLE_EQ(gemm.value, load_named_profile("h100-sxm").gemm.max_efficiency);
+  EXPECT_EQ(gemm.fitted_on, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(gemm.tested_by, (std::vector<std::size_t>{1, 4}));
+  const Calibration nic = find("topology.inter_node.bandwidth_efficiency");
+  EXPECT_EQ(nic.tested_by, (std::vector<std::size_t>{7}));
+  const std::string md = format_markdown(v);
+  EXPECT_NE(md.find("| profile | parameter | value | fitted on | tested by |"), std::string::npos);
+  EXPECT_NE(md.find("| h100-sxm | `compute.gemm.max_efficiency` | 0.8433 | fit (+"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| 2 | test | h100-sxm | TFLOPS |"), std::string::npos) << md;
+  EXPECT_NE(format_validation(v).find("tested by: [2]"), std::string::npos);
+  testing::expect_error(
+      [] {
+        validate(
+            "references:\n  - {name: x, kind: gemm, device: h100-sxm, m: 1, n: 1, k: 1, "
+            "dtype: bf16, published: 1, source: s, tests: [warp.drive]}\n",
+            "tests.yaml");
+      },
+      Errc::parse_error, {"tests.yaml", "tested parameter 'warp.drive'", "h100-sxm"});
+}
+
+// validate --plan: for each published run, plan on the same cluster and batch; the published
+// layout's MFU beside the best's (both priced as plan prices candidates, so the best is never
+// below it), and the best's TP overlap is its platform's (no Ascend kernel on an NVIDIA profile).
+TEST(Validate, PlanReportsThePublishedLayoutsMfuBesideItsBest) {
+  const std::string run =
+      "model: {hidden: 1024, heads: 8, layers: 4, vocab: 4096, seq: 1024}\n"
+      "    layout: {tp: 2, pp: 1, micro_batch_size: 1, global_batch_size: 16, recompute: none, "
+      "sequence_parallel: true, distributed_optimizer: false, overlap_grad_reduce: true, coc: "
+      "fused}\n    flops: model\n    published: 100\n    source: s\n";
+  Validation v = validate(
+      "references:\n"
+      "  - name: nvidia\n    kind: training\n    device: h100-sxm\n    gpus: "
+      "16\n    " +
+          run +
+          "  - name: ascend\n    kind: training\n    device: ascend-910b\n    "
+          "gpus: 8\n    " +
+          run,
+      "plan.yaml");
+  plan_training(v, 1);
+  for (const Reference& r : v.rows) {
+    EXPECT_FALSE(std::isnan(r.plan_published_mfu)) << r.name;
+    EXPECT_GT(r.plan_published_mfu, 0) << r.name;
+    EXPECT_GE(r.plan_best_mfu, r.plan_published_mfu * (1 - 1e-9)) << r.name;
+    EXPECT_FALSE(r.plan_best_overlap.empty()) << r.name;
+  }
+  EXPECT_TRUE(v.rows[0].plan_best_overlap == "none" ||
+              v.rows[0].plan_best_overlap == "te_userbuffers")
+      << v.rows[0].plan_best_overlap;
+  EXPECT_EQ(v.rows[1].plan_best_overlap.find("te_userbuffers"), std::string::npos)
+      << v.rows[1].plan_best_overlap;
+  const std::string table = format_plan_check(v);
+  EXPECT_NE(table.find("its MFU"), std::string::npos) << table;
+  EXPECT_NE(table.find(fmt::format("{:.1f}%", 100 * v.rows[0].plan_best_mfu)), std::string::npos)
+      << table;
+  const nlohmann::json j = nlohmann::json::parse(validation_json(v));
+  EXPECT_NEAR(j["references"][1]["plan_published_mfu"].get<double>(), v.rows[1].plan_published_mfu,
+              1e-12);
+}
+
+// A published uneven partition (MindSpeed-LLM's --num-layer-list, Bloom-176B's 70 layers on
+// pp 12) where no even split is valid: validate --plan searches balanced partitions rather than
+// failing with every candidate pruned.
+TEST(Validate, PlanSearchesUnevenPartitionsForAnUnevenPublishedLayout) {
+  Validation v = validate(
+      "references:\n"
+      "  - name: uneven\n    kind: training\n    device: ascend-910b\n    gpus: 16\n"
+      "    model: {hidden: 1024, heads: 8, layers: 7, vocab: 4096, seq: 1025}\n"
+      "    layout: {tp: 8, pp: 2, stage_layers: [3, 4], micro_batch_size: 1, "
+      "global_batch_size: 3, recompute: none, sequence_parallel: false, "
+      "distributed_optimizer: false, overlap_grad_reduce: true, coc: serial}\n"
+      "    flops: model\n    published: 100\n    source: s\n",
+      "uneven.yaml");
+  plan_training(v, 1);
+  EXPECT_FALSE(std::isnan(v.rows[0].plan_published_mfu)) << v.rows[0].plan_best;
+  EXPECT_GE(v.rows[0].plan_best_mfu, v.rows[0].plan_published_mfu * (1 - 1e-9));
 }
 
 TEST(BenchCli, WritesTraceSvgAndJsonAndTheSvgRendersToPng) {

@@ -303,10 +303,17 @@ TEST(Plan, ExplanationCountsEachMillisecondOnce) {
 
 // #33 item 1: a profile says which TP overlap its platform has, and plan searches only that.
 TEST(Plan, SearchesOnlyThePlatformsTpOverlap) {
-  auto search = [](const std::string& profile, std::optional<std::vector<std::string>> overlap) {
+  auto search = [](const std::string& profile, std::optional<std::vector<std::string>> overlap,
+                   bool wide = false) {
     PlanQuery r = small_request();
     r.compare_heuristic = false;
     r.top_k = 1000;
+    if (wide) {  // linears large enough at TP 8 for the LCOC fused kernels to pay
+      r.model.hidden = 8192;
+      r.model.heads = 64;
+      r.model.ffn = 28672;
+      r.model.seq = 4096;
+    }
     auto prof = load_named_profile(profile);
     if (overlap) prof.tp_overlap = *overlap;
     r.profile = std::make_shared<const DeviceProfile>(prof);
@@ -320,8 +327,17 @@ TEST(Plan, SearchesOnlyThePlatformsTpOverlap) {
         v.insert(x);
     return v;
   };
-  const PlanResult ascend = search("ascend-910b", std::nullopt);
+  const PlanResult ascend = search("ascend-910b", std::nullopt, true);
   EXPECT_TRUE(values(ascend).count(-1)) << "the LCOC fused kernels are searched";
+  std::set<int> fused_tps, tps;
+  for (const auto& c : ascend.top) {
+    tps.insert(c.layout.tp);
+    for (const auto& [key, x] : c.customized_coc)
+      if (x == -1) fused_tps.insert(c.layout.tp);
+  }
+  EXPECT_EQ(fused_tps, std::set<int>{kLcocFusedTp})
+      << "MindSpeed's LCOC fused kernels run at TP 8 only";
+  EXPECT_GT(tps.size(), 2u) << "the search covers other TP sizes too";
   const PlanResult script = search("ascend-910b", std::vector<std::string>{"mindspeed_coc"});
   EXPECT_FALSE(values(script).count(-1)) << "no fused kernels on this platform";
   EXPECT_TRUE(values(script).count(2) || values(script).count(4) || values(script).count(8));
@@ -329,7 +345,20 @@ TEST(Plan, SearchesOnlyThePlatformsTpOverlap) {
   EXPECT_TRUE(values(none).empty());
   for (const auto& c : none.top)
     EXPECT_FALSE(c.tp_comm_overlap);
-  const PlanResult nvidia = search("h100-sxm", std::nullopt);
+  // On NVIDIA the overlap is Transformer Engine's split GEMMs, which pay on large linears: the
+  // search runs on a wider model (hidden 8192, FFN 28672) to find a winner that uses them.
+  const PlanResult nvidia = [&] {
+    PlanQuery r = small_request();
+    r.compare_heuristic = false;
+    r.top_k = 1000;
+    r.model.hidden = 8192;
+    r.model.heads = 64;
+    r.model.ffn = 28672;
+    r.model.seq = 4096;
+    r.profile = std::make_shared<const DeviceProfile>(load_named_profile("h100-sxm"));
+    r.profile_name = "h100-sxm";
+    return plan(r);
+  }();
   EXPECT_TRUE(values(nvidia).empty()) << "Megatron-LM has no per-shape CoC";
   bool overlapped = false;
   for (const auto& c : nvidia.top) {
@@ -469,7 +498,7 @@ TEST(PlanCli, WinnerReproducesInTrain) {
       << train;
   // dynamic_programming: an uneven partition reproduces too (train's stage_layers).
   const auto d = run_json(
-      "plan --model bloom-176b --nodes 14 --global-batch 112 "
+      "plan --model bloom-176b --nodes 12 --global-batch 112 "
       "--search-mode dynamic_programming --no-heuristic-compare --out-dir " +
           dir + "/dp",
       dir + "/dp.json", &out);

@@ -1,4 +1,5 @@
 // The modeled clock (R-RT-6): small programs whose schedule can be worked out by hand.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cocemu/runtime/cost_model.h"
@@ -100,6 +101,52 @@ TEST(ModeledClock, ContentionSlowsOverlappingComputeAndComm) {
       with(round_profile("contention: {compute_slowdown: 2.0, comm_slowdown: 2.0}")));
   EXPECT_EQ(at(r, 0, "xfer").end_ns, 1000);
   EXPECT_EQ(at(r, 0, "gemm").end_ns, 1500);
+}
+
+// Ops running at once share the device memory by their traffic (ContentionModel): here 1 byte
+// per ns. A copy asking for all of it beside a transfer asking for half: requests 1.5, both run
+// 1/1.5 as fast. A second transfer (on another link, so no link is shared) raises them to 2.0:
+// contention grows with what runs at once. A GEMM asking for a fifth beside the same transfer
+// stays under the bandwidth and nothing slows.
+TEST(ModeledClock, MemoryContentionGrowsWithWhatRunsAtOnce) {
+  const auto profile = with(round_profile("memory: {bandwidth_bytes_per_s: 1.0e9}"));
+  auto copy_beside = [&](int transfers) {
+    return run_ranks(
+        1,
+        [transfers](Rank& rank) {
+          rank.compute_stream().launch({.name = "copy", .work_ns = 1000, .hbm_bytes = 1000}, [] {});
+          Stream* streams[] = {&rank.comm_stream(), &rank.new_stream("comm 2")};
+          const std::uint8_t links[] = {kIntraOut, kInterOut};
+          for (int i = 0; i < transfers; ++i)
+            streams[i]->launch({.name = fmt::format("xfer{}", i),
+                                .cls = OpClass::comm,
+                                .work_ns = 1000,
+                                .hbm_bytes = 500,
+                                .link_use = links[i]},
+                               [] {});
+        },
+        profile);
+  };
+  const RunResult one = copy_beside(1), two = copy_beside(2);
+  EXPECT_EQ(at(one, 0, "copy").end_ns, 1500);
+  EXPECT_EQ(at(one, 0, "xfer0").end_ns, 1500);
+  EXPECT_EQ(at(two, 0, "copy").end_ns, 2000);
+  EXPECT_EQ(at(two, 0, "xfer1").end_ns, 2000);
+  const RunResult gemm = run_ranks(
+      1,
+      [](Rank& rank) {
+        rank.compute_stream().launch({.name = "gemm", .work_ns = 1000, .hbm_bytes = 200}, [] {});
+        rank.comm_stream().launch(
+            {.name = "xfer", .cls = OpClass::comm, .work_ns = 1000, .hbm_bytes = 500}, [] {});
+      },
+      profile);
+  EXPECT_EQ(at(gemm, 0, "gemm").end_ns, 1000);
+  EXPECT_EQ(at(gemm, 0, "xfer").end_ns, 1000);
+  // overlapped_ns, the rule fused kernels price their steps with, applies the same sharing.
+  ContentionModel cm;
+  cm.memory_bytes_per_ns = 1;
+  EXPECT_DOUBLE_EQ(overlapped_ns(1000, 1000, cm, 1000, 500), 1500);
+  EXPECT_DOUBLE_EQ(overlapped_ns(1000, 1000, cm, 200, 500), 1000);
 }
 
 TEST(ModeledClock, RendezvousStartsTogetherAndEndsTogether) {

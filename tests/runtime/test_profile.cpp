@@ -145,8 +145,11 @@ TEST(Profile, DerivedProfileIsItsBaseWithItsOwnKeysOver) {
   const DeviceProfile base = load_named_profile("a100-sxm");
   const DeviceProfile cuda11 = load_named_profile("a100-sxm-cuda11");
   EXPECT_EQ(cuda11.name, "a100-sxm-cuda11");
-  EXPECT_DOUBLE_EQ(cuda11.gemm.max_efficiency, 0.651);
+  EXPECT_DOUBLE_EQ(cuda11.gemm.max_efficiency, 0.7061);
   EXPECT_NE(base.gemm.max_efficiency, cuda11.gemm.max_efficiency);
+  // A key of a merged mapping (memory:) beside the base's.
+  EXPECT_DOUBLE_EQ(cuda11.memory_in_training_efficiency, 0.7864);
+  EXPECT_EQ(base.memory_in_training_efficiency, 1.0);
   // Everything else is the base's, siblings of the overridden key included.
   EXPECT_EQ(cuda11.gemm.half_efficiency_flops, base.gemm.half_efficiency_flops);
   EXPECT_EQ(cuda11.attention_efficiency, base.attention_efficiency);
@@ -208,7 +211,14 @@ TEST(CostModel, GemmEfficiencyFallsForSmallAndUnalignedShapes) {
   const double small = gemm_efficiency(p, 64, 64, 64, DType::bf16);
   const double unaligned = gemm_efficiency(p, 4096, 4000, 4096, DType::bf16);  // 8000 B rows
   const double f = 2.0 * 4096 * 4096 * 4096;
-  EXPECT_DOUBLE_EQ(big, p.gemm.max_efficiency * f / (f + p.gemm.half_efficiency_flops));
+  // In a training step a kernel sustains the profile's in-training fraction of that.
+  EXPECT_DOUBLE_EQ(big, p.gemm.max_efficiency * f / (f + p.gemm.half_efficiency_flops) *
+                            p.in_training_efficiency);
+  EXPECT_LT(p.in_training_efficiency, 1.0);
+  DeviceProfile isolated = p;
+  isolated.in_training_efficiency = 1;
+  EXPECT_DOUBLE_EQ(gemm_efficiency(isolated, 4096, 4096, 4096, DType::bf16),
+                   p.gemm.max_efficiency * f / (f + p.gemm.half_efficiency_flops));
   EXPECT_LT(small, 0.1 * big);
   EXPECT_NEAR(unaligned / big, p.gemm.unaligned_efficiency, 0.01);
   // Compute-bound GEMM time: 2mnk / (peak · efficiency).
@@ -236,7 +246,7 @@ TEST(CostModel, AttentionPaysPerRowAndBackward) {
     return p.peak(DType::bf16) * 1e-9 * p.gemm.max_efficiency * flops /
            (flops + p.gemm.half_efficiency_flops) * p.attention_efficiency * keys /
            (keys + p.attention_row_overhead_keys) *
-           (backward ? p.attention_backward_efficiency : 1);
+           (backward ? p.attention_backward_efficiency : 1) * p.in_training_efficiency;
   };
   for (const std::int64_t s : {512, 4096, 16384})
     for (const double visible : {1.0, 0.5})

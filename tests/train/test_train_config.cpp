@@ -364,11 +364,12 @@ TEST(TrainConfig, MegatronAndMindSpeedFlagsTakeEffect) {
       "--pipeline-model-parallel-size 2 --global-batch-size 16 --out-dir " +
       dir;
   int status = 0;
-  auto run = [&](const std::string& extra) {
-    const std::string out = cocemu(base + " " + extra, &status);
-    EXPECT_EQ(status, 0) << extra << "\n" << out;
+  auto run_cmd = [&](const std::string& command) {
+    const std::string out = cocemu(command, &status);
+    EXPECT_EQ(status, 0) << command << "\n" << out;
     return status == 0 ? iteration_ns(dir + "/train.json") : -1.0;
   };
+  auto run = [&](const std::string& extra) { return run_cmd(base + " " + extra); };
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/none.yaml") << "customized_coc: {}\n";
   const double plain = run("");
@@ -385,8 +386,14 @@ TEST(TrainConfig, MegatronAndMindSpeedFlagsTakeEffect) {
             plain);
   EXPECT_EQ(run("--cp-comm-type p2p --context-parallel-size 2 --dtype bf16"),
             run("--context-parallel-algo megatron_cp_algo --context-parallel-size 2"));
-  EXPECT_LT(run("--use-ascend-coc --coc-fused-kernel"), plain);
-  EXPECT_EQ(run("--use-ascend-coc --coc-fused-kernel"), run("--coc fused"));
+  // The LCOC fused kernels run at TP 8 only (MindSpeed's feature doc): an 8-device world.
+  const std::string tp8 =
+      "train --dry-run --engine priced --model llama2-7b "
+      "--tensor-model-parallel-size 8 --global-batch-size 16 --out-dir " +
+      dir + " ";
+  auto run8 = [&](const std::string& extra) { return run_cmd(tp8 + extra); };
+  EXPECT_LT(run8("--use-ascend-coc --coc-fused-kernel"), run8(""));
+  EXPECT_EQ(run8("--use-ascend-coc --coc-fused-kernel"), run8("--coc fused"));
   EXPECT_EQ(run("--use-ascend-coc --coc-parallel-num 4"), run("--coc script-p4"));
   const double h100 = run("--profile h100-sxm");
   EXPECT_LT(run("--profile h100-sxm --tp-comm-overlap"), h100);
@@ -399,6 +406,7 @@ TEST(TrainConfig, MegatronAndMindSpeedFlagsTakeEffect) {
            {"--profile h100-sxm --use-ascend-coc", "has no mindspeed_coc"},
            {"--profile h100-sxm --tp-comm-overlap --no-sequence-parallel", "sequence-parallel"},
            {"--coc-fused-kernel", "only with --use-ascend-coc"},
+           {"--use-ascend-coc --coc-fused-kernel", "tensor parallel size 8 only"},
            {"--profile h100-sxm --tp-comm-overlap --coc-config " + dir + "/none.yaml",
             "chooses per shape"},
            {"--decoder-first-pipeline-num-layers 15 --decoder-last-pipeline-num-layers 18",

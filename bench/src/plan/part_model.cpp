@@ -291,7 +291,8 @@ class Pricer {
     if (l_.cp == 1)
       return compute(m_.flash_attention
                          ? attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5, false)
-                         : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, false));
+                         : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, false,
+                                                m_.masked_softmax_fusion));
     return cp_attention(false);
   }
   Span attention_backward() const {
@@ -299,7 +300,8 @@ class Pricer {
     if (l_.cp == 1)
       return compute(m_.flash_attention
                          ? attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, 0.5, true)
-                         : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, true));
+                         : unfused_attention_ns(p_, b * heads, m_.seq, m_.seq, d, l_.dtype, true,
+                                                m_.masked_softmax_fusion));
     return cp_attention(true);
   }
 

@@ -16,6 +16,7 @@
 
 #include "cocemu/bench/plan/part_model.h"
 #include "cocemu/bench/train/step_model.h"
+#include "cocemu/bench/train/train_config.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/error.h"
 
@@ -108,7 +109,7 @@ class Evaluator {
 
   /// The parts with the TP overlap the platform has (its profile's tp_overlap): per GEMM shape
   /// among MindSpeed's script splits and the LCOC fused kernel, or Megatron-LM's
-  /// --tp-comm-overlap for every TP linear (priced as the fused kernels) when it is faster.
+  /// --tp-comm-overlap for every TP linear (priced by the profile's fused: steps) when faster.
   std::shared_ptr<const PartsEntry> price(const TrainSetup& s) const {
     auto e = std::make_shared<PartsEntry>();
     const TrainLayout& l = s.options.layout;
@@ -129,7 +130,8 @@ class Evaluator {
     }
     std::vector<int> values;
     if (p.has_tp_overlap("mindspeed_coc")) values = {2, 4, 8};
-    if (p.has_tp_overlap("lcoc_fused")) values.push_back(-1);
+    // MindSpeed's LCOC fused kernels support TP 8 only (its feature doc, locl_coc.py).
+    if (p.has_tp_overlap("lcoc_fused") && l.tp == kLcocFusedTp) values.push_back(-1);
     if (values.empty())
       e->parts = price_parts(s);
     else

@@ -49,8 +49,8 @@ std::string join_layers(const std::vector<std::int64_t>& v, const char* sep) {
 std::string tp_overlap_summary(const DeviceProfile& p) {
   if (p.has_tp_overlap("te_userbuffers"))
     return "Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers) for every TP linear, "
-           "or none; priced as cocemu's fused CoC kernels (a userbuffers price of its own is not "
-           "modeled yet)";
+           "or none; priced by the fused-kernel pipeline with the profile's fused: steps "
+           "(Transformer Engine's split GEMMs)";
   std::vector<std::string> m;
   if (p.has_tp_overlap("mindspeed_coc")) m.push_back("MindSpeed's script CoC P = 2/4/8");
   if (p.has_tp_overlap("lcoc_fused")) m.push_back("the LCOC fused kernels");
@@ -144,7 +144,7 @@ std::string winner_yaml(const PlanResult& r) {
                                            : "NCCL/HCCL's collective algorithms, as priced");
   if (uses_coc(c)) s += "  coc_config: plan.coc.yaml  # customized_coc per GEMM shape\n";
   if (c.tp_comm_overlap)
-    s += "  tp_comm_overlap: true  # Megatron-LM --tp-comm-overlap, priced as the fused kernels\n";
+    s += "  tp_comm_overlap: true  # Megatron-LM --tp-comm-overlap, priced as TE userbuffers run\n";
   return s;
 }
 

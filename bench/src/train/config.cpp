@@ -223,7 +223,9 @@ layers::train::DecoderShape load_decoder(const std::string& name_or_path, std::s
           .num_layers = mc.num_layers,
           .vocab = mc.vocab_size,
           .seq = mc.seq_length,
-          .swiglu = mc.swiglu};
+          .swiglu = mc.swiglu,
+          .flash_attention = mc.flash_attention,
+          .masked_softmax_fusion = mc.masked_softmax_fusion};
 }
 
 TrainSetup resolve_settings(const TrainSettings& s, bool dry_run) {
@@ -451,8 +453,13 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                            "communication");
   };
   if (ascend_coc) platform("mindspeed_coc", s.use_ascend_coc.where);
-  if (ascend_coc && s.coc_fused_kernel.value.value_or(false))
+  if (ascend_coc && s.coc_fused_kernel.value.value_or(false)) {
     platform("lcoc_fused", s.coc_fused_kernel.where);
+    COCEMU_CHECK_ARG(l.tp == kLcocFusedTp,
+                     "{}: MindSpeed's LCOC fused kernels support tensor parallel size {} only "
+                     "(its feature doc); tp {} (--coc fused is cocemu's what-if at any tp)",
+                     s.coc_fused_kernel.where, kLcocFusedTp, l.tp);
+  }
   if (tp_comm_overlap) {
     platform("te_userbuffers", s.tp_comm_overlap.where);
     COCEMU_CHECK_ARG(l.tp > 1 && l.sequence_parallel,
@@ -465,7 +472,8 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                      "node; tp {} > {} devices per node",
                      s.tp_comm_overlap.where, l.tp, prof.topology.devices_per_node);
     setup.notes.push_back(fmt::format(
-        "{}: Transformer Engine's userbuffers overlap is priced as cocemu's fused CoC kernels",
+        "{}: Transformer Engine's userbuffers overlap is priced by the fused-kernel pipeline with "
+        "the profile's fused: steps (TE's split GEMMs)",
         s.tp_comm_overlap.where));
   }
   if (s.coc_parallel_num.value)

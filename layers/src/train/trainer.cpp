@@ -314,7 +314,8 @@ class StageRunner {
                      .sequence_parallel = sp,
                      .dtype = l_.dtype,
                      .recompute_core_attention = l_.recompute == Recompute::selective,
-                     .flash_attention = md.flash_attention};
+                     .flash_attention = md.flash_attention,
+                     .masked_softmax_fusion = md.masked_softmax_fusion};
     const std::int64_t vocab = padded_vocab(md.vocab, l_.tp);
     auto table = [&](bool head) {
       if (!rank_.numerics()) return Tensor::shape_only({vocab, md.hidden}, l_.dtype);

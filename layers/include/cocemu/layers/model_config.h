@@ -14,6 +14,11 @@ struct ModelConfig {
   bool sequence_parallel = false;
   bool swiglu = false;          ///< Megatron's --swiglu (LLaMA): MLP-up yields gate and up halves
   std::int64_t vocab_size = 0;  ///< tokenizer vocabulary (before Megatron's padding); 0: not given
+  /// `attention: flash` (default) or `unfused` (Megatron's core attention over the scores in
+  /// memory, as runs without --use-flash-attn); `masked_softmax_fusion: false` is
+  /// --no-masked-softmax-fusion (unfused only).
+  bool flash_attention = true;
+  bool masked_softmax_fusion = true;
 };
 
 ModelConfig parse_model_config(const std::string& yaml_text, const std::string& origin);

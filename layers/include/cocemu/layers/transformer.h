@@ -36,6 +36,10 @@ struct TransformerConfig {
   /// over the [b·h, s, s] scores in memory, then P·V (the numerics are the same; the price
   /// differs). Context-parallel attention is always flash.
   bool flash_attention = true;
+  /// Unfused attention: the scale-mask-softmax as one fused kernel (Megatron's default), or,
+  /// false (--no-masked-softmax-fusion), as its torch fallback in f32 (priced by
+  /// unfused_attention_ns).
+  bool masked_softmax_fusion = true;
 
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
   std::int64_t head_dim() const { return hidden / heads; }

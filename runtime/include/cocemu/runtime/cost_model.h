@@ -23,7 +23,8 @@ struct GemmLayout {
   bool trans_b = false;
 };
 
-/// Efficiency of an m×k·k×n GEMM in `dtype`: max · F/(F + F_half), times the unaligned factor when
+/// Efficiency of an m×k·k×n GEMM in `dtype`: max · F/(F + F_half) · in_training_efficiency,
+/// times the unaligned factor when
 /// the contiguous rows of either operand as stored (A: k, or m if transposed; B: n, or k if
 /// transposed) are not a multiple of the alignment in bytes. This is the premise of MindSpeed's
 /// matmul_soc_friendly, which fixes an unaligned n by making the weight column-major.
@@ -53,10 +54,23 @@ double attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q
 /// GEMM writing the [heads, s_q, s_k] scores, the fused scale-mask-softmax (reads the scores,
 /// writes the probabilities), dropout (reads them, writes them and a one-byte mask), then P·V.
 /// The backward (`backward`) runs the two products' four gradient GEMMs, the dropout and the
-/// softmax backward passes. `heads` counts batch × heads.
+/// softmax backward passes. `heads` counts batch × heads. Without `fused_softmax`
+/// (--no-masked-softmax-fusion), the softmax runs as Megatron's torch fallback in f32: a cast,
+/// the scale, the mask and the softmax as separate passes over the scores, and a cast back
+/// (five passes each way instead of one).
 double unfused_attention_ns(const DeviceProfile& p, std::int64_t heads, std::int64_t s_q,
-                            std::int64_t s_k, std::int64_t d, DType dtype, bool backward);
-/// Modeled time of a memory-bound kernel moving `bytes` (reads plus writes).
+                            std::int64_t s_k, std::int64_t d, DType dtype, bool backward,
+                            bool fused_softmax = true);
+/// Device-memory traffic of an m×k·k×n GEMM: its operands read once and its result written
+/// once (the traffic gemm_ns's memory time counts), for the schedule's memory contention.
+double gemm_memory_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
+/// A flash-attention pass's traffic as attention_ns counts it: Q, K, V and O forward, twice that
+/// backward.
+double attention_memory_bytes(std::int64_t heads, std::int64_t s_q, std::int64_t s_k,
+                              std::int64_t d, DType dtype, bool backward);
+/// Modeled time of a memory-bound kernel moving `bytes` (reads plus writes), at the profile's
+/// memory bandwidth times its memory in_training_efficiency, plus its kernel_overhead_ns (the
+/// start-up a GEMM's or attention kernel's efficiency curve already holds).
 double memory_ns(const DeviceProfile& p, std::uint64_t bytes);
 double launch_ns(const DeviceProfile& p, LaunchKind kind);
 

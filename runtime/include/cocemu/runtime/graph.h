@@ -71,6 +71,9 @@ struct OpRecord {
   std::vector<Rendezvous> rendezvous;  ///< ops sharing a key run as one collective
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
+  /// Device-memory traffic (reads plus writes) of the op at full speed: what it takes of the
+  /// memory bandwidth its rank's running ops share (ContentionModel::memory_bytes_per_ns).
+  std::uint64_t hbm_bytes = 0;
   std::uint8_t link_use = kLinkAll;  ///< comm ops: the links used (LinkUse bits)
   /// e.g. a collective's group, algorithm and dtype: shared by the calls that have the same, so
   /// recording one copies no string (op_detail renders it with `seq`).
@@ -97,16 +100,30 @@ struct ModelGraph {
 /// The op's detail with its sequence number ("group tp0 algo ring dtype bf16 seq 12"), or "".
 std::string op_detail(const OpRecord& op);
 
+/// How ops running at the same time on one device slow each other. Two parts:
+///  - the units a kernel holds: compute runs 1/compute_slowdown as fast while a comm kernel runs
+///    on its rank (the cores a collective library's kernels occupy), comm 1/comm_slowdown as fast
+///    while compute runs (its engines' share of the on-chip paths);
+///  - the device memory they share: each running op asks for its traffic over its duration
+///    (OpRecord::hbm_bytes / work_ns at full speed, a fraction of memory_bytes_per_ns); while
+///    the requests of a rank's running ops add up to D > 1 of the bandwidth, each of those ops
+///    gets its share and runs 1/D as fast. This part grows with what runs: two transfers beside a
+///    memory-bound kernel slow it more than one does, a compute-bound GEMM's small request leaves
+///    a transfer alone.
 struct ContentionModel {
-  double compute_slowdown = 1.0;  ///< compute runs 1/x as fast while comm is active on its rank
-  double comm_slowdown = 1.0;     ///< comm runs 1/x as fast while compute is active on its rank
+  double compute_slowdown = 1.0;   ///< compute runs 1/x as fast while comm is active on its rank
+  double comm_slowdown = 1.0;      ///< comm runs 1/x as fast while compute is active on its rank
+  double memory_bytes_per_ns = 0;  ///< the shared device-memory bandwidth (0: not modeled)
 };
 
 /// Time for a compute task and a comm task of `compute_ns` and `comm_ns` (at full speed) that
 /// start together on one rank: each runs slowed by the other's contention factor until the
 /// shorter one ends, then the other finishes at full speed — the rule `simulate` applies to
-/// overlapping ops, for pipelines priced inside one op (fused kernels).
-double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& contention);
+/// overlapping ops, for pipelines priced inside one op (fused kernels). `compute_hbm_bytes` and
+/// `comm_hbm_bytes` are their memory traffic: while both run, requests beyond the memory
+/// bandwidth slow both further by their sum over it (ContentionModel).
+double overlapped_ns(double compute_ns, double comm_ns, const ContentionModel& contention,
+                     double compute_hbm_bytes = 0, double comm_hbm_bytes = 0);
 
 struct ScheduledOp {
   std::int64_t start_ns = 0;

@@ -55,6 +55,39 @@ struct Topology {
   }
 };
 
+/// Fused matmul-communication kernels as the vendor's kernels run them (`fused:` in a profile;
+/// absent: none of these costs). A fused kernel cuts its matmul into steps whose transfers
+/// overlap the next step's matmul; each step pays a fixed cost, and the in-kernel transfers run
+/// slower while the matmul runs, more so when the matmul's working set overflows the L2 cache
+/// or its k and n are large (Ascend's MC2 tiling model).
+struct FusedKernelCost {
+  double step_overhead_ns = 0;  ///< fixed cost of one step (flag handshakes, task hand-off)
+  /// How one kind of kernel cuts its matmul into steps, for pricing (none given: the kernel
+  /// options' tiling): steps of about step_bytes of communicated rows per rank, one step per
+  /// rank of the group (a ring exchange), or `count` steps; and the matmul's slowdown while the
+  /// kernel runs (the compute units its transfers take).
+  struct Steps {
+    double step_bytes = 0;
+    bool ring = false;
+    int count = 0;
+    double compute_slowdown = 1;
+    /// Each step's matmul is a GEMM of its own (Transformer Engine's split GEMMs), priced at its
+    /// size; otherwise the steps share one kernel's matmul at the whole product's efficiency.
+    bool separate_gemms = false;
+  };
+  Steps gather;         ///< ALL_GATHER_MATMUL
+  Steps reduce;         ///< MATMUL_REDUCE_SCATTER and MATMUL_ALL_REDUCE
+  int cube_cores = 0;   ///< matrix cores the matmul's blocks spread over (0: no L2 rule)
+  double l2_bytes = 0;  ///< the L2 budget of the matmul's working set
+  /// In-kernel transfers' extra slowdown (beyond contention.comm_slowdown) while the matmul
+  /// runs: when its working set overflows l2_bytes, or else when k >= large_k and n > large_n.
+  /// Index 0: gathers (ALL_GATHER_MATMUL), 1: reductions (MATMUL_REDUCE_SCATTER); the
+  /// all-reduce kernel has no shape rule.
+  double l2_overflow_slowdown[2] = {1, 1};
+  double large_kn_slowdown[2] = {1, 1};
+  std::int64_t large_k = 0, large_n = 0;
+};
+
 struct AlgorithmRule {
   double max_bytes = 0;   ///< applies to messages up to this size per rank (inclusive)
   std::string algorithm;  ///< the algorithm, or empty for a priced choice
@@ -79,15 +112,28 @@ struct DeviceProfile {
   /// The backward kernel's efficiency relative to the forward's (it recomputes the scores and
   /// accumulates dK, dV and dQ with more synchronisation).
   double attention_backward_efficiency = 1.0;
-  double kernel_min_ns = 0;     ///< shortest possible kernel
+  /// The fraction of its isolated-kernel compute rate (GEMM, attention) a kernel sustains inside
+  /// a training step: what a step's published time says the kernels run at beside each other,
+  /// under sustained load, against the rates measured one kernel at a time. 1: the isolated
+  /// rate. `validate` prices its isolated-kernel references with 1.
+  double in_training_efficiency = 1.0;
+  double kernel_min_ns = 0;  ///< shortest possible kernel
+  /// Added to every memory-bound kernel's time: the cycle of back-to-back launches on one stream
+  /// (a kernel's start-up and drain), which bounds how fast small kernels follow each other.
+  /// GEMM and attention kernels hold theirs in their efficiency curves. 0: none.
+  double kernel_overhead_ns = 0;
   double memory_bandwidth = 1;  ///< bytes/s of device memory
-  double memory_capacity = 0;   ///< bytes of device memory (0: not given; memory verdicts say so)
+  /// The fraction of memory_bandwidth a memory-bound kernel sustains inside a training step
+  /// (as in_training_efficiency for compute). 1: the isolated streaming rate.
+  double memory_in_training_efficiency = 1.0;
+  double memory_capacity = 0;  ///< bytes of device memory (0: not given; memory verdicts say so)
   std::map<std::string, CollectiveAlgorithmCost> algorithms;  ///< "ring", "direct", …
   std::vector<AlgorithmRule> auto_rules;                      ///< ordered by max_bytes
   std::vector<AlgorithmRule> auto_rules_multi_node;  ///< groups spanning nodes (default: auto)
   double launch_overhead_ns = 0;                     ///< host cost of one script-side op launch
   double fused_launch_overhead_ns = 0;               ///< host cost of launching one fused kernel
   ContentionModel contention;
+  FusedKernelCost fused;
   /// Dotted keys of the numbers no public source pins down (`assumptions:` in the YAML), each a
   /// key `scaled` accepts; sensitivity analyses scale them one at a time.
   std::vector<std::string> assumptions;
@@ -107,6 +153,8 @@ struct DeviceProfile {
   DeviceProfile scaled(const std::string& key, double factor) const;
   /// Every key `scaled` accepts for this profile.
   std::vector<std::string> scalable_keys() const;
+  /// The value of the parameter at dotted `key` (one `scaled` accepts).
+  double value(const std::string& key) const;
   /// The auto table's rule for a message of `bytes` per rank, for a group inside one node or
   /// spanning nodes (collectives' model_plan applies it).
   const AlgorithmRule& auto_rule(std::uint64_t bytes, bool multi_node = false) const;

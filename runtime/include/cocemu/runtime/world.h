@@ -37,6 +37,7 @@ struct OpSpec {
   LaunchKind launch = LaunchKind::kernel;
   std::uint64_t bytes = 0;
   std::uint64_t flops = 0;
+  std::uint64_t hbm_bytes = 0;                ///< device-memory traffic (see OpRecord)
   std::uint8_t link_use = kLinkAll;           ///< comm ops: the links used (LinkUse bits)
   std::shared_ptr<const std::string> detail;  ///< see OpRecord::detail
   std::int64_t seq = -1;                      ///< collectives: sequence number in the group

@@ -21,6 +21,10 @@ class YamlReader;  // runtime's internal YAML reader (detail/yaml_reader.h), not
 
 namespace cocemu::bench {
 
+/// The tensor-parallel size MindSpeed's LCOC fused kernels support: "only TP=8" (MindSpeed's
+/// feature doc for --coc-fused-kernel, features_manager/tensor_parallel/locl_coc.py).
+inline constexpr int kLcocFusedTp = 8;
+
 template <class T>
 struct Setting {
   std::optional<T> value;

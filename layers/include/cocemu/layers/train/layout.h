@@ -28,6 +28,9 @@ struct DecoderShape {
   std::int64_t seq = 32;
   bool swiglu = true;
   bool flash_attention = true;  ///< false: Megatron's unfused core attention (priced as such)
+  /// Unfused attention only: false is Megatron's --no-masked-softmax-fusion (the softmax as
+  /// separate f32 torch passes; TransformerConfig::masked_softmax_fusion).
+  bool masked_softmax_fusion = true;
   std::int64_t kv() const { return kv_heads ? kv_heads : heads; }
 };
 

@@ -15,6 +15,7 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
 def test_rank_and_world_size_per_thread():
     def fn():
         assert dist.is_initialized()
+        dist.init_process_group("nccl")  # unchanged code initialising: accepted, a no-op
         return dist.get_rank(), dist.get_world_size(), dist.get_backend()
     r = ct.run(fn, world_size=4)
     assert r.returns == [(i, 4, "cocemu") for i in range(4)]

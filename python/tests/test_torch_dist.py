@@ -278,3 +278,23 @@ def test_unbatched_p2p_cycle_is_reported_not_hung():
         w.wait()
     msg = _error(fn)
     assert "deadlock" in msg and "send" in msg and "rank 0" in msg
+
+
+def test_writing_an_async_collectives_input_before_wait_is_reported():
+    def fn():
+        x = torch.ones(4)
+        out = torch.empty(4 * dist.get_world_size())
+        w = dist.all_gather_into_tensor(out, x, async_op=True)
+        x.add_(1)  # the collective may not have read x yet
+        w.wait()
+    msg = _error(fn)
+    assert "aten.add_ writes the input of all_gather_into_tensor" in msg
+
+    def reading_input_is_fine():
+        x = torch.ones(4)
+        out = torch.empty(4 * dist.get_world_size())
+        w = dist.all_gather_into_tensor(out, x, async_op=True)
+        y = x * 2  # reads only
+        w.wait()
+        return float(y.sum() + out.sum())
+    assert ct.run(reading_input_is_fine, world_size=2).returns == [16.0, 16.0]

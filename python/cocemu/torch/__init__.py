@@ -29,7 +29,8 @@ import contextlib as _contextlib
 
 import cocemu as _cocemu
 
-from . import _device, _dist, _mode, _state, _torch113
+from . import _torch113  # noqa: F401  (refuses an untested torch first)
+from . import _device, _dist, _mode, _state
 from ._dist import NonMemberGroup, ProcessGroup, Work  # noqa: F401
 
 __all__ = ["run", "RunResult", "unmodeled", "segment", "device", "install_device_shim",

@@ -57,16 +57,18 @@ class NonMemberGroup:
 class Work(_torch113.WorkBase):
     """torch.distributed's Work for a cocemu collective."""
 
-    def __init__(self, st, cw, call, group, outputs=(), finish=None):
+    def __init__(self, st, cw, call, group, outputs=(), finish=None, inputs=()):
         super().__init__()
         self._st, self._cw, self._call, self._group = st, cw, call, group
         self._finish, self._done = finish, False
         self._regions = []
-        if st.checked and st.numerics:
-            for t in outputs:
-                if t is not None and t.device.type == "cpu" and t.numel() > 0:
-                    start = t.data_ptr()
-                    self._regions.append((start, start + t.numel() * t.element_size(), self))
+        if st.checked and st.numerics:  # until wait(): outputs untouchable, inputs unwritable
+            for tensors, is_output in ((outputs, True), (inputs, False)):
+                for t in tensors:
+                    if t is not None and t.device.type == "cpu" and t.numel() > 0:
+                        start = t.data_ptr()
+                        self._regions.append(
+                            (start, start + t.numel() * t.element_size(), self, is_output))
             st.pending.extend(self._regions)
 
     def describe(self):
@@ -157,8 +159,8 @@ def _group_rank(g, world_rank, st, call, what):
     return g.ranks.index(world_rank)
 
 
-def _result(st, cw, call, g, async_op, outputs=(), finish=None):
-    w = Work(st, cw, call, g, outputs, finish)
+def _result(st, cw, call, g, async_op, outputs=(), finish=None, inputs=()):
+    w = Work(st, cw, call, g, outputs, finish, inputs)
     if async_op:
         return w
     w.wait()
@@ -273,7 +275,7 @@ def _gather_base(output, input, group, async_op, call):
     g = _group(group, st, call)
     cw = cocemu.all_gather(g.cg, _array(output, st, call, "output"),
                            _array(input, st, call, "input"), async_op=True)
-    return _result(st, cw, call, g, async_op, (output,))
+    return _result(st, cw, call, g, async_op, (output,), inputs=(input,))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -306,7 +308,7 @@ def _scatter_base(output, input, op, group, async_op, call):
     cw = cocemu.reduce_scatter(g.cg, _array(output, st, call, "output"),
                                _array(input, st, call, "input"), op=_op(op, st, call),
                                async_op=True)
-    return _result(st, cw, call, g, async_op, (output,))
+    return _result(st, cw, call, g, async_op, (output,), inputs=(input,))
 
 
 def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
@@ -338,7 +340,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         splits = dict(output_splits=outs, input_splits=ins)
     cw = cocemu.all_to_all(g.cg, _array(output, st, call, "output", shape_out),
                            _array(input, st, call, "input", shape_in), async_op=True, **splits)
-    return _result(st, cw, call, g, async_op, (output,))
+    return _result(st, cw, call, g, async_op, (output,), inputs=(input,))
 
 
 def broadcast(tensor, src, group=None, async_op=False):
@@ -377,7 +379,8 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
         raise error(f"rank {st.id}: gather: gather_list must be empty on a non-destination rank")
     out = None if flat is None else _array(flat, st, "gather", "gather_list")
     cw = cocemu.gather(g.cg, out, _array(tensor, st, "gather", "tensor"), root, async_op=True)
-    return _result(st, cw, "gather", g, async_op, (flat, *(gather_list or ())), finish)
+    return _result(st, cw, "gather", g, async_op, (flat, *(gather_list or ())), finish,
+                   inputs=(tensor,))
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
@@ -402,7 +405,7 @@ def isend(tensor, dst, group=None, tag=0):
     g = _group(group, st, "isend")
     peer = _group_rank(g, dst, st, "isend", "dst")
     return Work(st, cocemu.isend(g.cg, _array(tensor, st, "isend", "tensor"), peer, tag),
-                f"isend to rank {dst}", g)
+                f"isend to rank {dst}", g, inputs=(tensor,))
 
 
 def irecv(tensor, src=None, group=None, tag=0):
@@ -432,7 +435,7 @@ def batch_isend_irecv(p2p_op_list):
     if len(groups) != 1:
         raise error(f"rank {st.id}: batch_isend_irecv: every P2POp must use one group")
     g = _group(p2p_op_list[0].group, st, "batch_isend_irecv")
-    ops, outputs = [], []
+    ops, outputs, inputs = [], [], []
     for p in p2p_op_list:
         kind = getattr(p.op, "__name__", "")
         if kind not in ("isend", "irecv"):
@@ -440,9 +443,9 @@ def batch_isend_irecv(p2p_op_list):
         peer = _group_rank(g, p.peer, st, "batch_isend_irecv", "peer")
         arr = _array(p.tensor, st, "batch_isend_irecv", "tensor")
         ops.append(("send" if kind == "isend" else "recv", arr, peer, p.tag))
-        if kind == "irecv":
-            outputs.append(p.tensor)
-    w = Work(st, cocemu.batch_isend_irecv(g.cg, ops), "batch_isend_irecv", g, outputs)
+        (outputs if kind == "irecv" else inputs).append(p.tensor)
+    w = Work(st, cocemu.batch_isend_irecv(g.cg, ops), "batch_isend_irecv", g, outputs,
+             inputs=inputs)
     return [w] * len(p2p_op_list)
 
 

@@ -59,17 +59,18 @@ def _kind(func):
     return k
 
 
-def _tensors(args, kwargs):
-    for a in args:
+def _tensors(args, kwargs, written):
+    """(tensor, whether the op writes it) for each tensor argument."""
+    for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
-            yield a
+            yield a, i in written
         elif isinstance(a, (list, tuple)):
             for b in a:
                 if isinstance(b, torch.Tensor):
-                    yield b
-    for a in kwargs.values():
+                    yield b, i in written
+    for name, a in kwargs.items():
         if isinstance(a, torch.Tensor):
-            yield a
+            yield a, name == "out"
 
 
 def _nbytes(t):
@@ -102,7 +103,7 @@ class Recorder(_torch113.TorchDispatchMode):
         st = self.st
         kind, written = _kind(func)
         if st.pending and kind != "view" and kind != "free":
-            self._check_pending(func, args, kwargs)
+            self._check_pending(func, args, kwargs, written)
         out = func(*args, **kwargs)
         if st.recording == 0 and kind != "view" and kind != "free":
             if kind == "gemm":
@@ -156,16 +157,19 @@ class Recorder(_torch113.TorchDispatchMode):
                      (f" x{batch}" if batched else ""),
                      ns * batch, flops=2.0 * batch * m * n * k)
 
-    def _check_pending(self, func, args, kwargs):
-        for t in _tensors(args, kwargs):
+    def _check_pending(self, func, args, kwargs, written):
+        """An op touching an async collective's output, or writing its input, before the
+        collective's Work.wait() would race with it on a device."""
+        for t, writes in _tensors(args, kwargs, written):
             if t.device.type != "cpu" or t.numel() == 0:
                 continue
             s = t.data_ptr()
             e = s + _span(t)
-            for start, end, work in self.st.pending:
-                if s < end and start < e:
+            for start, end, work, is_output in self.st.pending:
+                if s < end and start < e and (is_output or writes):
+                    what = "reads the output" if is_output and not writes else \
+                        "writes the output" if is_output else "writes the input"
                     raise error(
-                        f"rank {self.st.id}: aten.{func.overloadpacket.__name__} touches the "
-                        f"output of {work.describe()} before its Work.wait() (on a device it "
-                        f"would race with the collective); call wait() first",
-                        code="failed_precondition")
+                        f"rank {self.st.id}: aten.{func.overloadpacket.__name__} {what} of "
+                        f"{work.describe()} before its Work.wait() (on a device it would race "
+                        f"with the collective); call wait() first", code="failed_precondition")

@@ -117,26 +117,33 @@ class Recorder(_torch113.TorchDispatchMode):
         self.st.rank.current_stream.launch(name, None, work_ns=ns, flops=flops, bytes=nbytes)
 
     def _memory(self, func, args, kwargs, out, written):
-        st = self.st
+        Tensor = torch.Tensor
         nbytes = 0
+        skip = written if func in WRITE_ONLY else ()
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                if i in written and func in WRITE_ONLY:
-                    continue
-                nbytes += _nbytes(a)
+            if isinstance(a, Tensor):
+                if i not in skip:
+                    nbytes += a.numel() * a.element_size()
             elif isinstance(a, (list, tuple)):
-                nbytes += sum(_nbytes(b) for b in a if isinstance(b, torch.Tensor))
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor) and a is not kwargs.get("out"):
-                nbytes += _nbytes(a)
-        if isinstance(out, torch.Tensor):
-            nbytes += _nbytes(out)
+                nbytes += sum(_nbytes(b) for b in a if isinstance(b, Tensor))
+        if kwargs:
+            o = kwargs.get("out")
+            for a in kwargs.values():
+                if isinstance(a, Tensor) and a is not o:
+                    nbytes += _nbytes(a)
+        if isinstance(out, Tensor):
+            nbytes += out.numel() * out.element_size()
         elif isinstance(out, (list, tuple)):
-            nbytes += sum(_nbytes(b) for b in out if isinstance(b, torch.Tensor))
+            nbytes += sum(_nbytes(b) for b in out if isinstance(b, Tensor))
         if nbytes == 0:
             return
-        self._launch(func.overloadpacket.__name__, cocemu.memory_ns(st.profile, nbytes),
-                     nbytes=nbytes)
+        cache = self.st.memory_cache
+        ns = cache.get(nbytes)
+        if ns is None:
+            ns = cache[nbytes] = cocemu.memory_ns(self.st.profile, nbytes)
+        self.ops += 1
+        self.st.rank.current_stream.launch(func.overloadpacket.__name__, None, work_ns=ns,
+                                           bytes=nbytes)
 
     def _gemm(self, func, args, kwargs, out):
         ia, ib, batched = GEMMS[func]

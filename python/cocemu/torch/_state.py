@@ -32,6 +32,7 @@ class RankState:
         self.recording = 0          # > 0 while ct.unmodeled() pauses recording
         self.streams = {}           # cocemu stream -> device-shim Stream
         self.gemm_cache = {}
+        self.memory_cache = {}
         self.mode = None
 
 

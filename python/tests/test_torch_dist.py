@@ -298,3 +298,16 @@ def test_writing_an_async_collectives_input_before_wait_is_reported():
         w.wait()
         return float(y.sum() + out.sum())
     assert ct.run(reading_input_is_fine, world_size=2).returns == [16.0, 16.0]
+
+
+def test_all_to_all_single_uneven_splits():
+    def fn():
+        r, n = dist.get_rank(), dist.get_world_size()
+        # rank r sends i + 1 rows to rank i; receives r + 1 rows from each rank
+        inp = torch.cat([torch.full((i + 1, 2), float(10 * r + i)) for i in range(n)])
+        out = torch.empty((r + 1) * n, 2)
+        dist.all_to_all_single(out, inp, [r + 1] * n, [i + 1 for i in range(n)])
+        return out
+    for r, out in enumerate(ct.run(fn, world_size=3).returns):
+        want = torch.cat([torch.full((r + 1, 2), float(10 * s + r)) for s in range(3)])
+        assert torch.equal(out, want)

@@ -326,10 +326,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     st = _state.current()
     call = "all_to_all_single"
     g = _group(group, st, call)
-    rows_in, rows_out = max(input.shape[0], 1) if input.dim() else 1, \
-        max(output.shape[0], 1) if output.dim() else 1
-    shape_in = (input.shape[0], input.numel() // rows_in) if input.dim() else (1, 1)
-    shape_out = (output.shape[0], output.numel() // rows_out) if output.dim() else (1, 1)
+    def rows(t):  # splits count rows of dimension 0: the tensor as [rows, the rest]
+        if t.dim() == 0:
+            return (1, 1)
+        return (t.shape[0], t.numel() // t.shape[0] if t.shape[0] else 0)
+    shape_in, shape_out = rows(input), rows(output)
     given = (output_split_sizes is not None and len(output_split_sizes) > 0,
              input_split_sizes is not None and len(input_split_sizes) > 0)
     splits = {}

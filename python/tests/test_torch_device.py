@@ -199,3 +199,17 @@ def test_elapsed_time_is_modeled_after_the_run():
     mm = next(o for o in r.ops(0) if o.name.startswith("mm"))
     assert mm.work_ns == pytest.approx(cocemu.gemm_ns(PROFILE, 2048, 2048, 2048, "bf16"))
     assert r.elapsed_time(a, b) == pytest.approx((mm.end_ns - zero.end_ns) / 1e6, rel=1e-9)
+
+
+def test_run_result_traces(tmp_path):
+    def fn():
+        x = torch.ones(64, 64)
+        dist.all_reduce(x)
+        return x @ x
+    r = ct.run(fn, world_size=2)
+    r.write_chrome_trace(str(tmp_path / "t.json"))
+    r.write_svg(str(tmp_path / "t.svg"), "torch")
+    trace = (tmp_path / "t.json").read_text()
+    assert "mm 64x64x64" in trace and "all_reduce" in trace
+    assert "torch" in (tmp_path / "t.svg").read_text()
+    assert r.n_ranks == 2 and r.makespan_ns > 0 and "modeled" in r.summary()

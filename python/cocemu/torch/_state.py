@@ -1,0 +1,65 @@
+"""Per-rank-thread state of a cocemu.torch run (torch.distributed's groups, the device shim's
+streams, the recording mode), kept per thread as PyTorch 2.x's threaded process group keeps it."""
+import threading
+import time
+
+import cocemu
+
+_local = threading.local()
+
+
+def current():
+    """The calling rank thread's state, or None off rank threads."""
+    return getattr(_local, "state", None)
+
+
+def set_current(state):
+    _local.state = state
+
+
+class RankState:
+    def __init__(self, rank, numerics, checked, timeout_s):
+        self.rank = rank
+        self.id = rank.id
+        self.world_size = rank.world_size
+        self.numerics = numerics
+        self.checked = checked
+        self.timeout_s = timeout_s
+        self.profile = rank.profile
+        self.world = None           # the world ProcessGroup (cocemu.torch._dist)
+        self.groups = {}            # ProcessGroup -> its world ranks
+        self.pending = []           # [(start, end, Work)] outputs of collectives not yet waited
+        self.recording = 0          # > 0 while ct.unmodeled() pauses recording
+        self.streams = {}           # cocemu stream -> device-shim Stream
+        self.gemm_cache = {}
+        self.memory_cache = {}
+        self.mode = None
+
+
+def error(message, code="invalid_argument"):
+    e = cocemu.Error(message)
+    e.code, e.rank = code, None
+    return e
+
+
+def require(call):
+    """The rank state, or a clear error: `call` only works inside cocemu.torch.run."""
+    st = current()
+    if st is None:
+        raise error(f"{call}: called outside cocemu.torch.run (it answers on rank threads only)")
+    return st
+
+
+def wall_wait(done, st, what):
+    """Waits in host wall time (no modeled op is recorded) until `done()`; the data a host-side
+    torch op reads is then there. Bounded by the run's timeout; `what` names the call."""
+    if done():
+        return
+    deadline = time.monotonic() + st.timeout_s + 1.0
+    delay = 2e-5
+    while not done():
+        if time.monotonic() > deadline:
+            raise error(f"rank {st.id}: {what} did not complete within {st.timeout_s:g} s "
+                        f"(is a peer missing from the call?)", code="timeout")
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)

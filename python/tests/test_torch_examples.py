@@ -1,0 +1,62 @@
+"""docs/pytorch.md's example (examples/python/test_torch_overlap.py) runs and is the file the
+page shows; cocemu.torch without torch, and with an untested torch version, fails clearly."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import cocemu.torch as ct  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+EXAMPLE = os.path.join(ROOT, "examples", "python", "test_torch_overlap.py")
+
+
+def test_docs_example_runs():
+    spec = importlib.util.spec_from_file_location("example_torch_overlap", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.test_same_bits_as_serial()
+    example.test_four_chunks_hide_communication()
+
+
+def test_docs_page_shows_the_example_file():
+    page = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
+    code = open(EXAMPLE).read()
+    assert code.strip() in page
+
+
+def test_without_torch_cocemu_torch_fails_at_import_and_cocemu_works():
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "import cocemu\n"
+              "try:\n"
+              "    import cocemu.torch\n"
+              "except ImportError as e:\n"
+              "    print('ImportError:', e)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "cocemu.torch needs PyTorch" in p.stdout and "python3-torch" in p.stdout
+
+
+def test_untested_torch_version_is_refused():
+    from cocemu.torch import _torch113
+    with pytest.raises(ImportError, match="torch 2.1.0 is untested"):
+        _torch113.check_version("2.1.0")
+    _torch113.check_version("1.13.0a0")  # Debian 12's
+
+
+def test_schedule_seed_does_not_change_bits_or_times():
+    import torch.distributed as dist
+
+    def fn():
+        x = torch.full((64, 32), float(dist.get_rank() % 3))
+        w = dist.all_reduce(x, async_op=True)
+        y = torch.ones(32, 32) @ torch.ones(32, 32)
+        w.wait()
+        return x @ y
+    a, b = ct.run(fn, world_size=4), ct.run(fn, world_size=4, schedule_seed=11)
+    assert all(torch.equal(p, q) for p, q in zip(a.returns, b.returns))
+    assert a.makespan_ns == b.makespan_ns

@@ -425,10 +425,13 @@ std::string format_validation(const Validation& v) {
       std::string exposed;
       for (const auto& [kind, ms] : r.exposed_comm_ms)
         if (ms > 0) exposed += fmt::format(" {} {:.1f}", kind, ms);
+      // A bubble within rounding of zero (one stage: busy time and iteration differ by float
+      // error) prints as 0.0, not -0.0.
+      const double bubble = std::abs(r.bubble_fraction) < 5e-4 ? 0.0 : 100 * r.bubble_fraction;
       out += fmt::format(
           "  [{}] modeled {:.1f} ms, published {:.1f} ms; exposed comm (ms):{}; bubble {:.1f}%\n",
           i + 1, r.iteration_ms, r.iteration_ms * r.modeled / r.published,
-          exposed.empty() ? " none" : exposed, 100 * r.bubble_fraction);
+          exposed.empty() ? " none" : exposed, bubble);
     }
   }
   int gains = 0;

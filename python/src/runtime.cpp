@@ -387,6 +387,11 @@ void bind_runtime(py::module_& m, Classes& classes) {
                              [](const ProfileHandle& p) { return p.profile->memory_capacity; })
       .def_property_readonly("kernel_min_ns",
                              [](const ProfileHandle& p) { return p.profile->kernel_min_ns; })
+      .def_property_readonly("kernel_overhead_ns",
+                             [](const ProfileHandle& p) { return p.profile->kernel_overhead_ns; })
+      .def_property_readonly(
+          "memory_in_training_efficiency",
+          [](const ProfileHandle& p) { return p.profile->memory_in_training_efficiency; })
       .def_property_readonly("launch_overhead_ns",
                              [](const ProfileHandle& p) { return p.profile->launch_overhead_ns; })
       .def_property_readonly(

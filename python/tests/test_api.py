@@ -357,7 +357,10 @@ def test_cost_model_functions():
     assert p.name == "h100-sxm"
     assert cocemu.gemm_ns(p, 4096, 4096, 4096, "bf16") > cocemu.gemm_ns(p, 1024, 1024, 1024, "bf16")
     assert 0 < cocemu.gemm_efficiency(p, 4096, 4096, 4096) <= 1
-    assert cocemu.memory_ns(p, 1 << 30) == pytest.approx((1 << 30) / p.memory_bandwidth * 1e9)
+    # A streaming kernel: bytes at the in-training HBM rate, plus the per-kernel overhead.
+    streamed = (1 << 30) / (p.memory_bandwidth * p.memory_in_training_efficiency) * 1e9
+    assert cocemu.memory_ns(p, 1 << 30) == pytest.approx(streamed + p.kernel_overhead_ns)
+    assert p.kernel_overhead_ns > 0
     assert cocemu.launch_ns(p) == p.launch_overhead_ns
     assert cocemu.attention_ns(p, 32, 4096, 4096, 128, visible=0.5) > 0
     assert cocemu.overlapped_ns(p, 100.0, 0.0) == 100.0

@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-README_MAX_LINES = 260
+README_MAX_LINES = 250
 COMMAND_TIMEOUT_S = 300
 
 # Phrases that tell a story of change rather than say what is (regular expressions, case-blind).

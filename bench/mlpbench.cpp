@@ -103,9 +103,14 @@ void add_mlpbench(CLI::App& app) {
   number(sub, "-n,--ranks", o->ranks, "TP size", 1, 64);
   number(sub, "--m", o->m, "tokens (sequence × micro batch)", std::int64_t(1),
          std::int64_t(1) << 24);
-  number(sub, "--hidden", o->hidden, "", std::int64_t(1), std::int64_t(1) << 20);
-  number(sub, "--ffn", o->ffn, "", std::int64_t(1), std::int64_t(1) << 20);
-  number(sub, "--repeats", o->repeats, "", 1, 1000);
+  number(sub, "--hidden", o->hidden,
+         "hidden size (the up projection's input, the down projection's output)", std::int64_t(1),
+         std::int64_t(1) << 20);
+  number(sub, "--ffn", o->ffn,
+         "FFN size, all TP ranks together (each rank holds ffn / --ranks columns)", std::int64_t(1),
+         std::int64_t(1) << 20);
+  number(sub, "--repeats", o->repeats,
+         "timed runs per strategy, interleaved with the floor's; the median is reported", 1, 1000);
   number(sub, "--tile-rows", o->tile_rows, "fused kernels' tile rows", std::int64_t(1),
          std::int64_t(1) << 20);
   number(sub, "--tiles-per-step", o->tiles_per_step, "fused kernels' tiles per step",

@@ -5,6 +5,8 @@
 // thread starts.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <chrono>
 #include <new>
 #include <system_error>
@@ -100,15 +102,15 @@ TEST(FailurePaths, ARunThatAsksForAnEstimateIsRefusedBeforeAnyThreadStarts) {
   WorldOptions o;
   o.n_ranks = 64;
   o.estimate_bytes_per_rank = std::int64_t(1) << 50;  // a petabyte per rank
-  bool started = false;
+  std::atomic<bool> started{false};  // written by every rank thread of the second run
   expect_error([&] { run(o, [&](Rank&) { started = true; }); }, Errc::too_large,
                {"a run of 64 ranks", "needs about", "of memory", "fewer ranks"});
-  EXPECT_FALSE(started);
+  EXPECT_FALSE(started.load());
   // What fits runs.
   o.estimate_bytes_per_rank = 1024;
   o.n_ranks = 4;
   run(o, [&](Rank&) { started = true; });
-  EXPECT_TRUE(started);
+  EXPECT_TRUE(started.load());
 }
 
 TEST(FailurePaths, TheEstimateCheckSaysEveryLimitAndTheWayOut) {

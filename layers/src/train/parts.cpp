@@ -340,7 +340,7 @@ void ParamBuffers::finish_reductions() {
   reductions_.clear();
   for (const auto& [narrow, wide] : narrowed_)
     unpriced(rank_, "widen reduced grad bucket",
-             [narrow, wide] { wide.copy_from(narrow.to(wide.dtype())); });
+             [n = narrow, w = wide] { w.copy_from(n.to(w.dtype())); });
   narrowed_.clear();
   if (sharded_ && dp_ == 1)  // nothing to reduce: the shard is the whole bucket
     elementwise(rank_, "grad shard copy", 2 * grads_.nbytes(),

@@ -198,23 +198,10 @@ class Checker:
         if self.run_commands and workdir is not None:
             self.run_blocks(doc, workdir)
 
-    def prose_for_history(self, doc: Doc) -> list[tuple[int, str]]:
-        """The lines the history rules apply to: all but generated blocks."""
-        out, skip = [], False
-        for n, line in enumerate(doc.lines, 1):
-            c = COMMENT_RE.match(line)
-            if c and c.group(1).startswith("generated:"):
-                skip = True
-                continue
-            if c and c.group(1) == "end generated":
-                skip = False
-                continue
-            if not skip:
-                out.append((n, line))
-        return out
-
     def check_history(self, doc: Doc) -> None:
-        lines = self.prose_for_history(doc)
+        # Every line, generated blocks included: text a command writes into a page (a reference's
+        # source, say) is held to the same rules as text typed there.
+        lines = list(enumerate(doc.lines, 1))
         for n, line in lines:
             no_urls = URL_RE.sub(" ", line)
             for m in DATE_RE.finditer(no_urls):

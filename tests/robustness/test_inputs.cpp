@@ -25,18 +25,12 @@ namespace {
 using testing::expect_error;
 
 std::string scratch() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "/cocemu_inputs";
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+  static const std::string dir = testing::scratch_dir("cocemu_inputs");
   return dir;
 }
 
 std::string write(const std::string& name, const std::string& text) {
-  const std::string path = scratch() + "/" + name;
-  std::ofstream(path) << text;
-  return path;
+  return testing::write_file(scratch(), name, text);
 }
 
 /// An alias bomb: level 0 holds nine scalars, each next level nine aliases of the one before.

@@ -29,18 +29,12 @@ using testing::ChildOutcome;
 using testing::run_child;
 
 std::string scratch() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "/cocemu_limits";
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+  static const std::string dir = testing::scratch_dir("cocemu_limits");
   return dir;
 }
 
 std::string write(const std::string& name, const std::string& text) {
-  const std::string path = scratch() + "/" + name;
-  std::ofstream(path) << text;
-  return path;
+  return testing::write_file(scratch(), name, text);
 }
 
 std::string file_text(const std::string& path) {

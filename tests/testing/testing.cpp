@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "cocemu/runtime/error.h"
 
@@ -95,6 +97,18 @@ void expect_error(const std::function<void()>& fn, Errc code,
     return;
   }
   ADD_FAILURE() << "expected a cocemu::Error(" << to_string(code) << "), nothing was thrown";
+}
+
+std::string scratch_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
 }
 
 }  // namespace cocemu::testing

@@ -34,4 +34,9 @@ std::string run_command(const std::string& cmd, int* status);
 void expect_error(const std::function<void()>& fn, Errc code,
                   const std::vector<std::string>& fragments);
 
+/// A scratch folder of this test binary, `TempDir()/NAME`, created on first use.
+std::string scratch_dir(const std::string& name);
+/// Writes `text` to `dir/name` and returns the path.
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
+
 }  // namespace cocemu::testing

@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# Installs what cocemu needs on Debian 12 (if missing), builds it, and runs it.
+# Installs what cocemu needs on Debian 12 or 13 (if missing), builds it, and runs it.
 #
 #   ./bootstrap.sh run    install, build (Release) and run the main job: cocemu bench
 #   ./bootstrap.sh test   install, build (Release) and run every test with ctest (the C++ tests,
-#                         the Python module's pytest tests, label python, and the install test)
+#                         the Python module's pytest tests, labels python and torch, and the
+#                         install test)
 #   ./bootstrap.sh install [PREFIX]
 #                         build (Release) and install into PREFIX (default /usr/local): headers,
 #                         libcocemu.so, the cocemu CLI, configs in PREFIX/share/cocemu, the CMake
-#                         package and pkg-config file, and `import cocemu` for /usr/bin/python3
+#                         package and pkg-config file, and `import cocemu` for .venv's python
 #   ./bootstrap.sh tsan   ThreadSanitizer build; runs the runtime, collectives, attention, layers
 #                         and bench tests
 #   ./bootstrap.sh asan   AddressSanitizer + UBSan build; runs every C++ test
 #   ./bootstrap.sh fuzz   libFuzzer targets (clang): each parser fuzzed for FUZZ_SECONDS (30)
 #   ./bootstrap.sh avx2   on a CPU with AVX-512, also builds det_gemm's AVX2 kernel (the one a CPU
 #                         without AVX-512 runs) and runs its tests
-#   ./bootstrap.sh deps   only install the Debian packages
+#   ./bootstrap.sh deps   only install: the Debian packages, and the project environment .venv/
+#                         (torch, NumPy, pytest from PyPI, pinned in python/requirements.txt)
+#
+# The project environment is made from COCEMU_PYTHON if set, else the first Python 3.11 found
+# (python3.11 on PATH, then Debian 12's /usr/bin/python3.11), else python3: the pinned torch is a
+# CPU build for Python 3.11. CMake builds the module for .venv/bin/python when .venv exists.
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# Debian 12 (bookworm) and 13 (trixie) name these packages alike; their Pythons differ (3.11 and
+# 3.13), which the project environment takes care of.
 PKGS="build-essential cmake pkg-config libopenblas-dev libopenblas-pthread-dev libtbb-dev \
 libyaml-cpp-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev librsvg2-bin \
-python3-dev python3-numpy python3-pytest pybind11-dev python3-torch"
+python3-dev python3-numpy python3-venv pybind11-dev"
 JOBS="${JOBS:-$(nproc)}"
 
 deps() {
@@ -36,6 +44,36 @@ deps() {
   $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
 }
 
+pick_python() {  # the interpreter .venv is made from
+  if [ -n "${COCEMU_PYTHON:-}" ]; then
+    echo "$COCEMU_PYTHON"
+    return
+  fi
+  local p
+  for p in python3.11 /usr/bin/python3.11 python3; do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      command -v "$p"
+      return
+    fi
+  done
+  echo "bootstrap: no Python with venv and ensurepip found (Debian: apt-get install python3-venv)" >&2
+  exit 1
+}
+
+venv() {  # the project environment: .venv/ with python/requirements.txt installed
+  if [ ! -x .venv/bin/python ]; then
+    local py
+    py=$(pick_python)
+    echo "bootstrap: making .venv from $py ($("$py" --version 2>&1))"
+    "$py" -m venv .venv
+  fi
+  if ! .venv/bin/python -m pip install -q -r python/requirements.txt >.venv/pip.log 2>&1; then
+    cat .venv/pip.log >&2
+    echo "bootstrap: pip install -r python/requirements.txt failed (log above)" >&2
+    exit 1
+  fi
+}
+
 build() {  # build DIR [cmake args...]
   local dir="$1"
   shift
@@ -44,38 +82,47 @@ build() {  # build DIR [cmake args...]
 }
 
 case "${1:-}" in
-  deps) deps ;;
+  deps)
+    deps
+    venv
+    ;;
   run)
     deps
+    venv
     build build
     shift
     ./build/bench/cocemu bench --json cocemu-bench-out/bench.json "$@"
     ;;
   test)
     deps
+    venv
     build build
     ctest --test-dir build -j "$JOBS" --output-on-failure --timeout 600
     ;;
   install)
     deps
+    venv
     build build
     prefix="${2:-/usr/local}"
     sudo=""
     mkdir -p "$prefix" 2>/dev/null || true
     [ -w "$prefix" ] || sudo="sudo"
     $sudo cmake --install build --prefix "$prefix" | { grep -v '^-- \(Up-to-date\|Installing\): ' || true; }
-    # Say how to reach what was installed: the CLI, and the Python package when Debian's python3
-    # does not look in the prefix's packages folder (any prefix but /usr and /usr/local).
+    # Say how to reach what was installed: the CLI, and the Python package, built for the
+    # project environment's interpreter (.venv/bin/python), when that does not look in the
+    # prefix's packages folder.
     echo "bootstrap: installed into $prefix: $prefix/bin/cocemu"
     module=$(find "$prefix"/lib/python3* -maxdepth 3 -path '*-packages/cocemu/_cocemu*.so' 2>/dev/null | head -n1)
     if [ -n "$module" ]; then
       site=$(dirname "$(dirname "$module")")
-      if (cd / && /usr/bin/python3 -c "import cocemu, os, sys; \
+      py=$(grep -s '^COCEMU_PYTHON_EXECUTABLE:' build/CMakeCache.txt | cut -d= -f2-)
+      py=${py:-.venv/bin/python}
+      if (cd / && "$py" -c "import cocemu, os, sys; \
           sys.exit(os.path.realpath(cocemu.__file__).startswith(os.path.realpath('$site')) == 0)" \
           2>/dev/null); then
-        echo "bootstrap: /usr/bin/python3 imports cocemu from $site"
+        echo "bootstrap: $py imports cocemu from $site"
       else
-        echo "bootstrap: for import cocemu: export PYTHONPATH=$site"
+        echo "bootstrap: for import cocemu with $py: export PYTHONPATH=$site"
       fi
     fi
     ;;
@@ -123,12 +170,19 @@ case "${1:-}" in
     ;;
   fuzz)
     deps
-    if ! command -v clang++ >/dev/null 2>&1 || ! dpkg -s libfuzzer-14-dev >/dev/null 2>&1; then
-      sudo=""
-      [ "$(id -u)" = 0 ] || sudo="sudo"
-      export DEBIAN_FRONTEND=noninteractive
+    # libFuzzer comes in the package of clang's own major version (Debian 12: 14, 13: 19).
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! command -v clang++ >/dev/null 2>&1; then
       $sudo apt-get update -qq || true
-      $sudo apt-get install -y -qq --no-install-recommends clang libfuzzer-14-dev >/dev/null || true
+      $sudo apt-get install -y -qq --no-install-recommends clang >/dev/null || true
+    fi
+    if command -v clang++ >/dev/null 2>&1; then
+      major=$(clang++ -dumpversion | cut -d. -f1)
+      if ! dpkg -s "libfuzzer-$major-dev" >/dev/null 2>&1; then
+        $sudo apt-get install -y -qq --no-install-recommends "libfuzzer-$major-dev" >/dev/null || true
+      fi
     fi
     if ! command -v clang++ >/dev/null 2>&1; then
       echo "bootstrap: clang is not available: the fuzz targets are skipped"

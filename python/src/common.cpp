@@ -269,7 +269,7 @@ int numpy_type(DType t) {
 DType array_dtype(PyArrayObject* a, const char* what) {
   PyArray_Descr* d = PyArray_DESCR(a);
   const char kind = d->kind;
-  const int size = int(d->elsize);
+  const int size = int(PyArray_ITEMSIZE(a));  // NumPy 1.x and 2.x alike
   COCEMU_CHECK_ARG(PyArray_ISNOTSWAPPED(a),
                    "{}: array of dtype {} is not in native byte order; cocemu does not copy: "
                    "pass x.astype(x.dtype.newbyteorder('='))",

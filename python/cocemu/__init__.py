@@ -111,7 +111,16 @@ def run(n_ranks, fn, profile="ascend-910b", deterministic=True, schedule_seed=No
         tests see other interleavings (results and modeled times must not change).
     dry_run: shapes only: op bodies and numerics are skipped, `rank.zeros` gives shape-only
         `Tensor`s; modeled times are those of the real run.
-    timeout_s: bound of every wait (default: COCEMU_TIMEOUT_MS, else 60 s).
+    timeout_s: bound of every wait, in seconds, at most 86400 (a day; default:
+        COCEMU_TIMEOUT_MS, else 60 s).
+
+    Every argument is checked strictly: n_ranks and schedule_seed (0..2**63-1) are integers,
+    not bools; the flags are bools, not strings; anything else is a `cocemu.Error` naming it.
+    Ctrl-C (or any signal handler that raises) stops the run within about a second: every rank's
+    waits fail, ranks running Python get KeyboardInterrupt, and the handler's exception is
+    re-raised here with a note saying where each rank was. A rank still inside a call that
+    cannot be interrupted (time.sleep) is named there and left running detached until it
+    returns; its cocemu calls then fail.
     """
     return _cocemu._run(n_ranks, fn, profile=profile, deterministic=deterministic,
                         schedule_seed=schedule_seed, dry_run=dry_run, timeout_s=timeout_s,

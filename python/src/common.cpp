@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <map>
 
 #include "cocemu/runtime/sync.h"
@@ -26,6 +27,9 @@ void Session::check(const char* call) const {
 }
 
 void Session::record_failure(int rank, PyObject* exception) {
+  // A rank left running after an interrupted run ended (see run) keeps nothing: `run` has
+  // already taken the table.
+  if (!alive.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mu);
   PyObject*& slot = failures.at(std::size_t(rank));
   if (slot) return;
@@ -126,6 +130,8 @@ const char* code_name(Errc c) {
       return "internal";
     case Errc::resource_exhausted:
       return "resource_exhausted";
+    case Errc::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -183,6 +189,61 @@ void rethrow_python(py::error_already_set& e, Session& session, int rank) {
   } catch (...) {
   }
   throw Error(Errc::rank_exception, "Python " + text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar arguments
+
+namespace {
+std::string repr_of(py::handle value) {
+  try {
+    std::string r = py::repr(value).cast<std::string>();
+    if (r.size() > 80) r = r.substr(0, 77) + "...";
+    return r;
+  } catch (...) {
+    return "<unprintable>";
+  }
+}
+bool is_bool(py::handle value) {
+  return PyBool_Check(value.ptr()) || PyArray_IsScalar(value.ptr(), Bool);
+}
+}  // namespace
+
+bool bool_arg(py::handle value, const char* call, const char* name) {
+  COCEMU_CHECK_ARG(is_bool(value), "{}: {} = {} ({}) is not a bool; allowed True or False", call,
+                   name, repr_of(value), Py_TYPE(value.ptr())->tp_name);
+  return PyObject_IsTrue(value.ptr()) == 1;
+}
+
+std::int64_t int_arg(py::handle value, const char* call, const char* name, std::int64_t lo,
+                     std::int64_t hi) {
+  COCEMU_CHECK_ARG(!is_bool(value) && PyIndex_Check(value.ptr()),
+                   "{}: {} = {} ({}) is not an integer; allowed {}..{}", call, name, repr_of(value),
+                   Py_TYPE(value.ptr())->tp_name, lo, hi);
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  COCEMU_CHECK_ARG(overflow == 0 && v >= lo && v <= hi,
+                   "{}: {} = {} is out of range; allowed {}..{}", call, name, repr_of(value), lo,
+                   hi);
+  return v;
+}
+
+double seconds_arg(py::handle value, const char* call, const char* name, double max_s) {
+  const bool number =
+      !is_bool(value) && (PyFloat_Check(value.ptr()) || PyIndex_Check(value.ptr()) ||
+                          PyArray_IsScalar(value.ptr(), Floating));
+  COCEMU_CHECK_ARG(number,
+                   "{}: {} = {} ({}) is not a number of seconds; allowed a number in (0, {:g}]",
+                   call, name, repr_of(value), Py_TYPE(value.ptr())->tp_name, max_s);
+  const double v = PyFloat_AsDouble(value.ptr());  // an int beyond a double's range: inf
+  if (v == -1.0 && PyErr_Occurred()) PyErr_Clear();
+  COCEMU_CHECK_ARG(std::isfinite(v) && v > 0 && v <= max_s,
+                   "{}: {} = {} is out of range; allowed a number of seconds in (0, {:g}]", call,
+                   name, repr_of(value), max_s);
+  return v;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include <pybind11/numpy.h>
@@ -23,19 +24,59 @@ using namespace pybind11::literals;
 // ---------------------------------------------------------------------------------------------
 // run
 
+/// What the rank threads of one `cocemu.run` use: owned by the C++ run's function, so a rank
+/// left running after an interrupt (world.h, run) keeps it alive after `run` has returned.
+struct PyRunState {
+  std::shared_ptr<void> fn;  ///< the rank function (dropped with the GIL, see hold)
+  SessionPtr session;
+  std::vector<PyObject*> returns;         ///< by rank, owned; touched with the GIL held
+  std::vector<unsigned long> py_threads;  ///< by rank: its thread while it runs Python, else 0
+  py::object interrupt;                   ///< the exception a signal handler raised (GIL held)
+};
+
 /// A rank thread: runs fn(rank) with the GIL held; a Python exception unwinds the world.
-void rank_main(Rank& rank, const py::function& fn, const SessionPtr& session,
-               std::vector<PyObject*>& returns) {
+void rank_main(Rank& rank, PyRunState& state) {
   py::gil_scoped_acquire gil;
   release_pending();
+  const std::size_t r = std::size_t(rank.id());
+  state.py_threads[r] = PyThread_get_thread_ident();
+  struct Leave {
+    PyRunState& state;
+    std::size_t r;
+    ~Leave() { state.py_threads[r] = 0; }
+  } leave{state, r};
+  // A launch on a full stream blocks (world.h, max_queued_ops): without the GIL, which the ops
+  // it waits for (other ranks' launches, Python callables on streams) need.
+  ScopedHostBlockingHook unlock_gil(
+      {.release = []() -> void* { return PyGILState_Check() ? PyEval_SaveThread() : nullptr; },
+       .reacquire =
+           [](void* t) {
+             if (t) PyEval_RestoreThread(static_cast<PyThreadState*>(t));
+           }});
   try {
-    py::object handle = py::cast(RankHandle{&rank, session, {}, {}});
+    py::object handle = py::cast(RankHandle{&rank, state.session, {}, {}});
     CurrentRank current(handle.ptr());
-    py::object r = fn(handle);
-    returns[std::size_t(rank.id())] = r.release().ptr();
+    py::object result = py::handle(static_cast<PyObject*>(state.fn.get()))(handle);
+    // A rank that returns after its run was interrupted and ended keeps nothing.
+    if (state.session->alive.load(std::memory_order_acquire))
+      state.returns[r] = result.release().ptr();
   } catch (py::error_already_set& e) {
-    rethrow_python(e, *session, rank.id());
+    rethrow_python(e, *state.session, rank.id());
   }
+}
+
+/// WorldOptions::interrupt_check for a Python run: lets the interpreter run its signal handlers
+/// (only the main thread does; from another thread this finds nothing). When one raises
+/// (KeyboardInterrupt), keeps the exception for `run` to re-raise, and raises
+/// KeyboardInterrupt in the ranks still running Python code, so a busy loop stops too.
+std::string check_python_signals(PyRunState& state) {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return {};
+  py::error_already_set e;  // takes the exception the handler raised
+  state.interrupt = e.value();
+  for (unsigned long t : state.py_threads)
+    if (t != 0) PyThreadState_SetAsyncExc(t, PyExc_KeyboardInterrupt);
+  return std::string("Python's ") + Py_TYPE(state.interrupt.ptr())->tp_name;
 }
 
 /// Re-raises `exception` (a rank's own Python exception) in the caller, the rank attached.
@@ -50,57 +91,86 @@ void rank_main(Rank& rank, const py::function& fn, const SessionPtr& session,
   throw py::error_already_set();
 }
 
-py::object run(int n_ranks, const py::function& fn, py::handle profile, bool deterministic,
-               std::optional<std::uint64_t> schedule_seed, bool dry_run,
-               std::optional<double> timeout_s, bool record_wall_times) {
+/// Every argument is checked strictly here (cocemu.run passes them through unconverted): a bool
+/// is not a world size, a string is not a flag, a seed or timeout out of range is refused.
+py::object run(py::handle n_ranks_arg, py::handle fn, py::handle profile, py::handle deterministic,
+               py::handle schedule_seed, py::handle dry_run, py::handle timeout_s,
+               py::handle record_wall_times) {
+  constexpr const char* call = "cocemu.run";
   WorldOptions o;
-  o.n_ranks = n_ranks;
+  o.n_ranks = int(int_arg(n_ranks_arg, call, "n_ranks", 1, 256));
+  COCEMU_CHECK_ARG(PyCallable_Check(fn.ptr()),
+                   "{}: fn = {} ({}) is not callable; allowed a function taking the rank", call,
+                   py::repr(fn).cast<std::string>(), Py_TYPE(fn.ptr())->tp_name);
   o.profile = profile_arg(profile);
-  o.numerics = !dry_run;
-  o.deterministic = deterministic;
-  if (schedule_seed) o.schedule_seed = *schedule_seed;
-  if (timeout_s) {
-    COCEMU_CHECK_ARG(std::isfinite(*timeout_s) && *timeout_s > 0,
-                     "run: timeout_s = {} must be a positive number of seconds", *timeout_s);
-    o.timeout =
-        std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(*timeout_s * 1e3)));
+  o.numerics = !bool_arg(dry_run, call, "dry_run");
+  o.deterministic = bool_arg(deterministic, call, "deterministic");
+  if (!schedule_seed.is_none())
+    o.schedule_seed = std::uint64_t(
+        int_arg(schedule_seed, call, "schedule_seed", 0, std::numeric_limits<std::int64_t>::max()));
+  if (!timeout_s.is_none()) {
+    const double max_s = double(kMaxTimeout.count()) / 1e3;
+    const double t = seconds_arg(timeout_s, call, "timeout_s", max_s);
+    o.timeout = std::chrono::milliseconds(
+        std::clamp<std::int64_t>(std::llround(t * 1e3), 1, kMaxTimeout.count()));
   }
-  o.record_wall_times = record_wall_times;
-  const std::size_t n = std::size_t(std::clamp(n_ranks, 0, 1 << 16));
-  auto session = std::make_shared<Session>();
-  session->failures.assign(n, nullptr);
-  std::vector<PyObject*> returns(n, nullptr);
+  o.record_wall_times = bool_arg(record_wall_times, call, "record_wall_times");
+  const std::size_t n = std::size_t(o.n_ranks);
+  auto state = std::make_shared<PyRunState>();
+  state->fn = hold(fn);
+  state->session = std::make_shared<Session>();
+  state->session->failures.assign(n, nullptr);
+  state->returns.assign(n, nullptr);
+  state->py_threads.assign(n, 0);
+  o.interrupt_check = [state] { return check_python_signals(*state); };
   std::optional<RunResult> result;
   std::exception_ptr error;
   {
     py::gil_scoped_release nogil;
     try {
-      result = cocemu::run(o, [&](Rank& rank) { rank_main(rank, fn, session, returns); });
+      result = cocemu::run(o, [state](Rank& rank) { rank_main(rank, *state); });
     } catch (...) {
       error = std::current_exception();
     }
   }
-  session->alive.store(false, std::memory_order_release);
+  // Taken here, with the GIL: the state may outlive this call in a rank left running.
+  py::object interrupt = std::move(state->interrupt);
+  Session& session = *state->session;
+  session.alive.store(false, std::memory_order_release);
   release_pending();
   py::list values;
-  for (PyObject* r : returns)
-    values.append(r ? py::reinterpret_steal<py::object>(r) : py::none());
+  for (PyObject*& r : state->returns)
+    values.append(r ? py::reinterpret_steal<py::object>(std::exchange(r, nullptr)) : py::none());
   int failed_rank = -1;
+  std::string cancelled;
   if (error) {
     try {
       std::rethrow_exception(error);
     } catch (const Error& e) {
       if (e.code() == Errc::rank_exception) failed_rank = e.rank();
+      if (e.code() == Errc::cancelled) cancelled = e.message();
     } catch (...) {
     }
   }
   py::object exception;
-  for (std::size_t r = 0; r < session->failures.size(); ++r) {
-    PyObject* f = std::exchange(session->failures[r], nullptr);
-    if (f && int(r) == failed_rank)
-      exception = py::reinterpret_steal<py::object>(f);
-    else
-      Py_XDECREF(f);
+  {
+    std::lock_guard lock(session.mu);
+    for (std::size_t r = 0; r < session.failures.size(); ++r) {
+      PyObject* f = std::exchange(session.failures[r], nullptr);
+      if (f && int(r) == failed_rank)
+        exception = py::reinterpret_steal<py::object>(f);
+      else
+        Py_XDECREF(f);
+    }
+  }
+  if (!cancelled.empty() && interrupt) {
+    // The signal handler's exception (KeyboardInterrupt), with where every rank was.
+    if (py::hasattr(interrupt, "add_note")) interrupt.attr("add_note")("cocemu: " + cancelled);
+    PyObject* tb = PyException_GetTraceback(interrupt.ptr());
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(interrupt.ptr()));
+    Py_INCREF(type);
+    PyErr_Restore(type, interrupt.release().ptr(), tb);
+    throw py::error_already_set();
   }
   if (exception) reraise_rank_exception(std::move(exception), failed_rank);
   if (error) std::rethrow_exception(error);
@@ -545,6 +615,10 @@ void bind_runtime(py::module_& m, Classes& classes) {
              s.synchronize();
            })
       .def("query", [](const StreamHandle& h) { return h.get("Stream.query").query(); })
+      .def_property_readonly(
+          "queued", [](const StreamHandle& h) { return h.host("Stream.queued").queued(); },
+          "Ops enqueued and not finished: at most 1024 (a launch on a full stream blocks the "
+          "host until the oldest finishes, as CUDA's launch queue does).")
       .def("__eq__",
            [](const StreamHandle& a, const StreamHandle& b) { return a.stream == b.stream; })
       .def("__hash__", [](const StreamHandle& a) { return std::hash<const void*>()(a.stream); })
@@ -651,6 +725,25 @@ void bind_runtime(py::module_& m, Classes& classes) {
       "The Rank whose function is running on the calling thread.");
 
   // Running ----------------------------------------------------------------------------------
+  m.def(
+      "_check_bool",
+      [](py::handle value, const std::string& call, const std::string& name) {
+        return bool_arg(value, call.c_str(), name.c_str());
+      },
+      "value"_a, "call"_a, "name"_a,
+      "`value` as a bool, or a cocemu.Error naming `call` and `name` when it is not a bool (for "
+      "wrappers of cocemu.run such as cocemu.torch.run).");
+  m.def(
+      "_check_timeout_s",
+      [](py::handle value, const std::string& call, const std::string& name) {
+        return seconds_arg(value, call.c_str(), name.c_str(), double(kMaxTimeout.count()) / 1e3);
+      },
+      "value"_a, "call"_a, "name"_a,
+      "A timeout in seconds checked as cocemu.run checks timeout_s: a number in (0, 86400].");
+  m.def(
+      "_default_timeout_s", [] { return double(default_timeout().count()) / 1e3; },
+      "The default timeout in seconds: COCEMU_TIMEOUT_MS (1..86400000, an error naming it "
+      "otherwise), else 60.");
   m.def("_run", &run, "n_ranks"_a, "fn"_a, "profile"_a = py::none(), "deterministic"_a = true,
         "schedule_seed"_a = py::none(), "dry_run"_a = false, "timeout_s"_a = py::none(),
         "record_wall_times"_a = true);

@@ -167,3 +167,184 @@ def test_symmetric_misuse():
         buf = cocemu.SymmetricBuffer.allocate(rank, [0, 1], 16, n_flags=1)
         buf.put(1, 8, np.zeros(4, np.float32))  # 16 bytes at offset 8 of 16
     fails(2, body, "put")
+
+
+@pytest.mark.parametrize("value,match", [
+    (1e10, r"timeout_s = 10000000000\.0 is out of range; allowed a number of seconds in \(0, 86400\]"),
+    (1e17, r"timeout_s = 1e\+17 is out of range"),
+    (1e300, r"timeout_s = 1e\+300 is out of range"),
+    (10**400, r"timeout_s = 1000.* is out of range"),
+    (float("nan"), r"timeout_s = nan is out of range"),
+    (float("inf"), r"timeout_s = inf is out of range"),
+    (-1, r"timeout_s = -1 is out of range"),
+    (0, r"timeout_s = 0 is out of range"),
+    ("abc", r"timeout_s = 'abc' \(str\) is not a number of seconds"),
+    (True, r"timeout_s = True \(bool\) is not a number of seconds"),
+])
+def test_timeout_out_of_range_is_refused(value, match):
+    # 1e10 s used to overflow the deadline (the wait fired at once: "no progress for
+    # 15000000000100 ms"), 1e17 and more wrapped it to 1 ms.
+    fails(1, lambda rank: None, match, timeout_s=value)
+
+
+def test_a_day_of_timeout_waits_for_a_late_rank():
+    # The largest timeout allowed: a rank 0.3 s late is waited for, not reported at once.
+    import time
+
+    def body(rank):
+        if rank.id == 3:
+            time.sleep(0.3)
+        x = np.full(4, rank.id + 1, np.float32)
+        cocemu.all_reduce(rank.world, x)
+        rank.synchronize()
+        return float(x[0])
+
+    assert cocemu.run(4, body, timeout_s=86400).returns == [10.0] * 4
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(schedule_seed=-1), r"schedule_seed = -1 is out of range; allowed 0\.\.9223372036854775807"),
+    (dict(schedule_seed=2**64), r"schedule_seed = 18446744073709551616 is out of range"),
+    (dict(schedule_seed=True), r"schedule_seed = True \(bool\) is not an integer"),
+    (dict(schedule_seed="7"), r"schedule_seed = '7' \(str\) is not an integer"),
+    (dict(dry_run="False"), r"dry_run = 'False' \(str\) is not a bool; allowed True or False"),
+    (dict(dry_run=0), r"dry_run = 0 \(int\) is not a bool"),
+    (dict(deterministic="yes"), r"deterministic = 'yes' \(str\) is not a bool"),
+    (dict(record_wall_times=None), r"record_wall_times = None \(NoneType\) is not a bool"),
+])
+def test_run_arguments_are_checked_strictly(kw, match):
+    fails(1, lambda rank: None, match, **kw)
+
+
+def test_world_size_and_function_are_checked_strictly():
+    fails(True, lambda rank: None, r"n_ranks = True \(bool\) is not an integer; allowed 1\.\.256")
+    fails(2.0, lambda rank: None, r"n_ranks = 2\.0 \(float\) is not an integer")
+    fails("2", lambda rank: None, r"n_ranks = '2' \(str\) is not an integer")
+    fails(10**30, lambda rank: None, r"n_ranks = 10{30} is out of range; allowed 1\.\.256")
+    fails(2, 42, r"fn = 42 \(int\) is not callable")
+    # NumPy integers and bools are what they say.
+    assert cocemu.run(np.int64(2), lambda rank: rank.id, dry_run=np.bool_(True)).returns == [0, 1]
+
+
+def test_a_huge_tensor_is_refused_with_its_size():
+    e = fails(1, lambda rank: rank.zeros((10**12,), "f32"),
+              r"a tensor of shape .*1000000000000.* f32 needs 3725\.3 GiB \(4000000000000 bytes\); "
+              r"this process may use .* more", code="too_large")
+    assert "dry run" in str(e)
+
+
+def _interrupted_run(body, n=2, after_s=0.5):
+    """Runs `body` on n ranks and sends this process SIGINT `after_s` into the run; returns the
+    KeyboardInterrupt and the seconds from the signal to its arrival."""
+    import os
+    import signal
+    import threading
+    import time
+
+    sent = []
+
+    def interrupt():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(after_s, interrupt)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            cocemu.run(n, body, timeout_s=60)
+        return info.value, time.monotonic() - sent[0]
+    finally:
+        timer.cancel()
+
+
+def test_ctrl_c_stops_a_deadlocked_run_and_says_where_each_rank_was():
+    def body(rank):
+        if rank.id == 0:  # a recv nobody sends: without the interrupt, 60 s to the timeout
+            cocemu.recv(rank.world, np.zeros(4, np.float32), 1)
+        else:
+            rank.synchronize()
+
+    e, took = _interrupted_run(body)
+    assert took < 2.0, f"KeyboardInterrupt {took:.2f} s after SIGINT"
+    note = "\n".join(getattr(e, "__notes__", []))
+    assert "run interrupted by Python's KeyboardInterrupt" in note
+    assert "rank 0: [host] running; [comm] recv" in note and "rank 1:" in note
+    assert "still running" not in note  # every rank unwound
+
+
+def test_ctrl_c_during_a_sleep_names_the_ranks_left_running():
+    import time
+
+    def body(rank):
+        time.sleep(3 if rank.id == 1 else 0)  # cannot be interrupted from outside
+        rank.synchronize()
+
+    e, took = _interrupted_run(body)
+    assert took < 2.0, f"KeyboardInterrupt {took:.2f} s after SIGINT"
+    note = "\n".join(getattr(e, "__notes__", []))
+    assert "rank 1 still running its own host code" in note
+    assert "rank 0:" in note and "rank 1: [host] running" in note
+    time.sleep(3)  # let rank 1 return (its later cocemu calls fail quietly)
+
+
+def test_ctrl_c_stops_ranks_running_python():
+    def body(rank):
+        while True:  # a busy loop gets KeyboardInterrupt on its thread
+            pass
+
+    e, took = _interrupted_run(body, n=3)
+    assert took < 2.0, f"KeyboardInterrupt {took:.2f} s after SIGINT"
+    assert "still running" not in "\n".join(getattr(e, "__notes__", []))
+    # The next run is unaffected.
+    assert cocemu.run(2, lambda rank: rank.id).returns == [0, 1]
+
+
+@pytest.mark.parametrize("sig,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_the_cli_stops_on_a_signal_and_says_where_each_rank_was(sig, status):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import build_dir
+
+    cli = os.path.join(build_dir(), "bench", "cocemu")
+    # About 8 s of 4 KiB all_reduce calls on 8 ranks.
+    p = subprocess.Popen([cli, "collbench", "-n", "8", "--ops", "all_reduce", "-b", "4096",
+                          "-e", "4096", "--samples", "1000", "-w", "100000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    time.sleep(1.0)
+    sent = time.monotonic()
+    p.send_signal(getattr(signal, sig))
+    try:
+        _, err = p.communicate(timeout=10)
+    finally:
+        p.kill()
+    took = time.monotonic() - sent
+    assert took < 2.0, f"the CLI stopped {took:.2f} s after {sig}"
+    assert p.returncode == status, err
+    assert f"run interrupted by {sig}" in err
+    assert "what each rank was last doing" in err and "rank 7:" in err
+
+
+def test_the_checks_wrappers_of_run_use():
+    # cocemu.torch.run checks its own arguments with these, as cocemu.run does.
+    from cocemu import _cocemu
+    assert _cocemu._check_bool(True, "ct.run", "numerics") is True
+    with pytest.raises(cocemu.Error, match=r"ct\.run: numerics = 'False' \(str\) is not a bool"):
+        _cocemu._check_bool("False", "ct.run", "numerics")
+    assert _cocemu._check_timeout_s(2, "ct.run", "timeout_s") == 2.0
+    with pytest.raises(cocemu.Error, match=r"ct\.run: timeout_s = 'abc' \(str\) is not a number"):
+        _cocemu._check_timeout_s("abc", "ct.run", "timeout_s")
+    assert _cocemu._default_timeout_s() > 0
+
+
+def test_a_bad_timeout_variable_is_named():
+    import os
+    import subprocess
+    import sys
+    code = "import cocemu; cocemu.run(1, lambda rank: None)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, COCEMU_TIMEOUT_MS="abc"), timeout=60)
+    assert p.returncode != 0 and "COCEMU_TIMEOUT_MS" in p.stderr and "abc" in p.stderr, p.stderr

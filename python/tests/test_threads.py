@@ -127,3 +127,23 @@ def test_current_rank_inside_and_outside():
     assert cocemu.run(4, body).returns == [0, 1, 2, 3]
     with pytest.raises(cocemu.Error, match="not called from a rank"):
         cocemu.current_rank()
+
+
+def test_a_loop_of_async_collectives_stays_within_the_launch_queue():
+    # Each stream holds at most 1024 launched ops (a launch on a full stream blocks the host,
+    # without the GIL, which the other ranks need to launch their side of the collectives).
+    n_ops = 4000
+
+    def body(rank):
+        x = np.full(256, rank.id + 1, np.float32)
+        most = 0
+        for _ in range(n_ops):
+            cocemu.all_reduce(rank.world, x, op="max", async_op=True)
+            most = max(most, rank.comm_stream.queued, rank.compute_stream.queued)
+        rank.synchronize()
+        return most, float(x[0])
+
+    r = cocemu.run(4, body, timeout_s=60)
+    for most, value in r.returns:
+        assert 0 < most <= 1024
+        assert value == 4.0

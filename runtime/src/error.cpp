@@ -25,6 +25,8 @@ const char* to_string(Errc code) {
       return "internal error";
     case Errc::resource_exhausted:
       return "resource exhausted";
+    case Errc::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }

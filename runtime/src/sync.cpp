@@ -55,14 +55,47 @@ ScopedWaitScope::~ScopedWaitScope() {
   tls_scope = previous_;
 }
 
+namespace {
+thread_local HostBlockingHook tls_hook;
+}  // namespace
+
+ScopedHostBlockingHook::ScopedHostBlockingHook(HostBlockingHook hook) : previous_(tls_hook) {
+  tls_hook = hook;
+}
+ScopedHostBlockingHook::~ScopedHostBlockingHook() {
+  tls_hook = previous_;
+}
+
+BlockingSection::BlockingSection() {
+  if (!tls_hook.release) return;
+  token_ = tls_hook.release();
+  reacquire_ = tls_hook.reacquire;
+}
+BlockingSection::~BlockingSection() {
+  if (reacquire_) reacquire_(token_);
+}
+
 const WaitScope& current_wait_scope() {
   return tls_scope ? *tls_scope : fallback_scope();
 }
 
 std::chrono::milliseconds default_timeout() {
   if (const char* v = std::getenv("COCEMU_TIMEOUT_MS"))  // up to a day: deadlines never wrap
-    return std::chrono::milliseconds(parse_integer("COCEMU_TIMEOUT_MS", v, 1, 86'400'000));
+    return std::chrono::milliseconds(parse_integer("COCEMU_TIMEOUT_MS", v, 1, kMaxTimeout.count()));
   return std::chrono::milliseconds(60000);
+}
+
+namespace {
+std::atomic<int> interrupt_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "request_interrupt must be signal-safe");
+}  // namespace
+
+void request_interrupt(int signal) noexcept {
+  interrupt_signal.store(signal, std::memory_order_relaxed);
+}
+
+int interrupt_requested() noexcept {
+  return interrupt_signal.load(std::memory_order_relaxed);
 }
 
 std::uint64_t default_schedule_seed() {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -11,6 +12,7 @@
 #include <sys/mman.h>
 
 #include "cocemu/runtime/checked.h"
+#include "cocemu/runtime/limits.h"
 
 namespace cocemu {
 
@@ -144,15 +146,45 @@ std::shared_ptr<std::byte[]> allocate(std::size_t bytes, Fill fill) {
 }
 }  // namespace
 
+namespace {
+/// Storage for a tensor of `shape`: a request larger than the memory this process may still use
+/// is refused up front (Errc::too_large), and one the allocator cannot serve is a
+/// resource_exhausted error; both name the tensor and the memory there is.
+std::shared_ptr<std::byte[]> allocate_for(const Shape& shape, DType dtype, std::size_t bytes,
+                                          Fill fill) {
+  // Below this, reading the limits (/proc) would cost more than the allocation is worth checking.
+  constexpr std::size_t kCheckFrom = std::size_t(256) << 20;
+  if (bytes >= kCheckFrom) {
+    const MemoryLimits m = memory_limits();
+    COCEMU_CHECK(std::int64_t(std::min<std::size_t>(bytes, std::size_t(INT64_MAX))) <= m.bytes(),
+                 Errc::too_large,
+                 "a tensor of shape {} {} needs {} ({} bytes); {}; use smaller sizes, fewer "
+                 "ranks, or a dry run",
+                 shape.str(), name_of(dtype),
+                 format_gib(std::int64_t(std::min<std::size_t>(bytes, std::size_t(INT64_MAX)))),
+                 bytes, memory_limits_summary());
+  }
+  try {
+    return allocate(bytes, fill);
+  } catch (const std::bad_alloc&) {
+    COCEMU_FAIL(Errc::resource_exhausted,
+                "a tensor of shape {} {} needs {} ({} bytes) and the allocation failed; {}; use "
+                "smaller sizes, fewer ranks, or a dry run",
+                shape.str(), name_of(dtype), format_gib(std::int64_t(bytes)), bytes,
+                memory_limits_summary());
+  }
+}
+}  // namespace
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = shape_only(shape, dtype);
-  t.storage_ = allocate(t.nbytes(), Fill::zeros);
+  t.storage_ = allocate_for(shape, dtype, t.nbytes(), Fill::zeros);
   return t;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   Tensor t = shape_only(shape, dtype);
-  t.storage_ = allocate(t.nbytes(), Fill::none);
+  t.storage_ = allocate_for(shape, dtype, t.nbytes(), Fill::none);
   return t;
 }
 

@@ -9,6 +9,7 @@
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/limits.h"
+#include "failure.h"
 
 namespace cocemu {
 
@@ -56,7 +57,7 @@ std::exception_ptr describe_failure(std::exception_ptr e, std::string_view where
 /// memory), the original exception is kept as it is, and `run` names it once the ranks have
 /// unwound and freed what they held.
 std::exception_ptr op_failure(std::exception_ptr e, std::string_view where,
-                              bool wrap_resource = true) noexcept {
+                              bool wrap_resource) noexcept {
   try {
     return describe_failure(e, where, wrap_resource);
   } catch (...) {
@@ -130,7 +131,47 @@ struct StreamImpl {
   WaitScope scope;
   std::thread worker;
 
+  /// Refs of the last max_queued_ops ops pushed (oldest first): the op a launch on a full
+  /// stream waits for. Host-side, like host_submitted.
+  std::deque<OpRef> recent;
+
+  /// Host, before pushing: blocks while the stream holds max_queued_ops ops not finished, until
+  /// the oldest is done (CUDA's launch queue). Bounded by the timeout and interruptible like
+  /// every wait; a Python rank's GIL is released meanwhile (BlockingSection).
+  void make_room() {
+    const std::uint32_t depth = std::uint32_t(world->options().max_queued_ops);
+    if (host_submitted - completed.load() < depth) return;  // unsigned: wrap-safe
+    const std::uint32_t target = host_submitted + 1 - depth;
+    rank->note_activity(fmt::format("launch queue of stream '{}' full ({} ops): waiting for op {}",
+                                    name, depth, target));
+    {
+      BlockingSection unlocked;
+      help(target);
+      WaitGrace grace(kHostWaitGrace);
+      completed.wait_geq(target, [&] {
+        return fmt::format(
+            "room in the launch queue of rank {} stream '{}' ({} ops queued, at "
+            "most {}; op {} to finish)",
+            rank->id(), name, host_submitted - completed.load(), depth, target);
+      });
+    }
+    rank->note_activity("running");
+    if (auto e = failed()) std::rethrow_exception(e);
+    if (world->aborted())
+      world->throw_remote_failure(rank->id(),
+                                  fmt::format("room in the launch queue of stream '{}'", name));
+  }
+
   void push(Task&& t) {
+    // After a failure or an interrupt, a host that only launches (a loop without waits) stops
+    // at its next launch instead of queueing ops that would be skipped.
+    if (world->aborted())
+      world->throw_remote_failure(rank->id(), fmt::format("a launch on stream '{}'", name));
+    make_room();
+    if (t.record) {
+      recent.push_back(OpRef{rank->id(), t.record->index});
+      if (recent.size() > std::size_t(world->options().max_queued_ops)) recent.pop_front();
+    }
     {
       std::lock_guard lock(mu);
       queue.push_back(std::move(t));
@@ -336,6 +377,10 @@ OpRef launch_task(detail::StreamImpl& impl, OpSpec spec, detail::Task task) {
                 .cls = OpClass::host,
                 .work_ns = launch_ns(r.profile(), spec.launch),
                 .launch = LaunchKind::none};
+    // The launch queue in the model: a launch behind max_queued_ops ops starts once the oldest
+    // of them has finished (the host's wait shows as idle host time before it).
+    if (impl.recent.size() >= std::size_t(r.world().options().max_queued_ops))
+      host.deps.push_back(impl.recent.front());
     spec.deps.push_back(r.record_host(std::move(host)));
   }
   OpRecord& rec = r.append_op(impl.lane, std::move(spec));
@@ -405,6 +450,10 @@ void Stream::synchronize() {
 
 bool Stream::query() const {
   return impl_->completed.reached(impl_->host_submitted);
+}
+
+std::uint32_t Stream::queued() const {
+  return impl_->host_submitted - impl_->completed.load();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -529,8 +578,12 @@ World::World(const WorldOptions& options)
     : options_(options), t0_(std::chrono::steady_clock::now()) {
   COCEMU_CHECK_ARG(options_.n_ranks >= 1 && options_.n_ranks <= 256,
                    "run: n_ranks = {} is out of range; allowed 1..256", options_.n_ranks);
-  COCEMU_CHECK_ARG(options_.timeout.count() > 0, "run: timeout {} ms must be positive",
-                   options_.timeout.count());
+  COCEMU_CHECK_ARG(options_.timeout.count() > 0 && options_.timeout <= kMaxTimeout,
+                   "run: timeout {} ms is out of range; allowed 1..{} ms (one day)",
+                   options_.timeout.count(), kMaxTimeout.count());
+  COCEMU_CHECK_ARG(options_.max_queued_ops >= 1 && options_.max_queued_ops <= (1 << 20),
+                   "run: max_queued_ops = {} is out of range; allowed 1..{}",
+                   options_.max_queued_ops, 1 << 20);
   if (!options_.profile) options_.profile = default_profile();
   options_.profile->check_world(options_.n_ranks);
   graph_.ranks.resize(std::size_t(options_.n_ranks));
@@ -565,6 +618,16 @@ void World::abort(int rank, std::exception_ptr error) {
   aborted_.store(true, std::memory_order_release);
 }
 
+void World::cancel(std::exception_ptr error) {
+  {
+    std::lock_guard lock(error_mu_);
+    first_error_ = error;
+    first_error_rank_ = -1;
+    first_error_primary_ = true;
+  }
+  aborted_.store(true, std::memory_order_release);
+}
+
 std::exception_ptr World::first_error() const {
   std::lock_guard lock(error_mu_);
   return first_error_;
@@ -590,6 +653,9 @@ void World::throw_remote_failure(int rank, const std::string& waiting_for) const
       }
     }
   }
+  if (who < 0)  // World::cancel
+    throw Error(Errc::remote_failure,
+                fmt::format("rank {} stopped waiting for {}: {}", rank, waiting_for, what));
   throw Error(Errc::remote_failure,
               fmt::format("rank {} stopped waiting for {}: rank {} failed first: {}", rank,
                           waiting_for, who, what));
@@ -648,102 +714,6 @@ std::int64_t World::wall_now_ns() const {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                               t0_)
       .count();
-}
-
-// ---------------------------------------------------------------------------------------------
-// run
-
-RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn) {
-  World world(options);
-  if (options.estimate_bytes_per_rank >= 0) {
-    // A rank thread, its compute and comm streams and the extra streams the caller names.
-    const std::int64_t n = world.size();
-    check_estimate(
-        {.what = fmt::format("a run of {} ranks", n),
-         .memory_bytes = checked_mul(n, options.estimate_bytes_per_rank + kRankOverheadBytes,
-                                     "run: ranks x bytes per rank"),
-         .threads = n * (3 + options.estimate_extra_streams),
-         .way_out = "use fewer ranks or smaller sizes"});
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  threads.reserve(std::size_t(world.size()));
-  for (int r = 0; r < world.size(); ++r) {
-    // A thread that cannot start fails the run like a rank that threw: the ranks already
-    // running are woken from their waits and unwound, and joined below.
-    try {
-      threads.emplace_back([&world, &fn, r] {
-        try {
-          Rank rank(world, r);
-          try {
-            world.set_activity(r, 0, "running");
-            fn(rank);
-            rank.synchronize();
-            world.set_activity(r, 0, "finished");
-          } catch (...) {
-            world.set_activity(r, 0, "failed");
-            world.abort(r, detail::op_failure(std::current_exception(), "host thread"));
-          }
-        } catch (...) {  // the rank could not be set up (its streams' threads)
-          world.abort(r, detail::op_failure(std::current_exception(), "starting the rank", false));
-        }
-      });
-    } catch (const std::system_error& e) {
-      const std::exception_ptr cause = std::current_exception();
-      try {
-        world.abort(r, std::make_exception_ptr(Error(
-                           Errc::resource_exhausted,
-                           fmt::format("cannot start the thread of rank {} ({} of {} started): {} "
-                                       "({}); use fewer ranks, or raise the limit",
-                                       r, r, world.size(), e.what(), thread_limits_summary()))));
-      } catch (const std::bad_alloc&) {  // no memory for the message: the cause as it is
-        world.abort(r, cause);
-      }
-      break;
-    }
-  }
-  for (auto& t : threads)
-    t.join();
-  if (auto e = world.first_error()) {
-    const int r = world.first_error_rank();
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& err) {
-      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.message()), err.origin(), r);
-    } catch (const std::bad_alloc&) {  // kept as thrown when memory ran out describing it
-      throw Error(Errc::resource_exhausted,
-                  fmt::format("rank {} failed: out of memory (std::bad_alloc); {}; use smaller "
-                              "sizes, fewer ranks, or --dry-run",
-                              r, memory_limits_summary()),
-                  std::string{}, r);
-    } catch (const std::system_error& ex) {
-      throw Error(Errc::resource_exhausted,
-                  fmt::format("rank {} failed: {} ({}; {})", r, ex.what(), memory_limits_summary(),
-                              thread_limits_summary()),
-                  std::string{}, r);
-    } catch (const std::exception& ex) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()),
-                  std::string{}, r);
-    } catch (...) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r),
-                  std::string{}, r);
-    }
-  }
-  RunResult result;
-  result.profile = world.options().profile;
-  result.numerics = world.options().numerics;
-  result.wall_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-          .count();
-  result.graph = std::move(world.graph());
-  result.timeline = simulate(result.graph, result.profile->contention);
-  return result;
-}
-
-RunResult run(int n_ranks, const std::function<void(Rank&)>& fn) {
-  WorldOptions o;
-  o.n_ranks = n_ranks;
-  return run(o, fn);
 }
 
 }  // namespace cocemu

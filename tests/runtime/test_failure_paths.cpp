@@ -8,8 +8,10 @@
 #include <atomic>
 
 #include <chrono>
+#include <csignal>
 #include <new>
 #include <system_error>
+#include <thread>
 
 #include "cocemu/collectives/ops.h"
 #include "cocemu/runtime/limits.h"
@@ -131,6 +133,111 @@ TEST(FailurePaths, TheEstimateCheckSaysEveryLimitAndTheWayOut) {
   EXPECT_GT(m.bytes(), 0);
   EXPECT_FALSE(m.source().empty());
   EXPECT_GE(host_cores(), 1);
+}
+
+// Interrupts (issue 41 item 2): a run stops within about a second of an interrupt, every wait
+// fails, and the error says where each rank was; a rank stuck in its own code is named and left.
+
+/// Error and seconds from the interrupt to `run`'s return, for `fn` on 4 ranks where
+/// `interrupt_check` answers "test interrupt" from 300 ms on.
+std::pair<Error, double> interrupted(const std::function<void(Rank&)>& fn) {
+  WorldOptions o;
+  o.n_ranks = 4;
+  o.timeout = std::chrono::milliseconds(60000);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto at = t0 + std::chrono::milliseconds(300);
+  o.interrupt_check = [at]() -> std::string {
+    return std::chrono::steady_clock::now() >= at ? "test interrupt" : "";
+  };
+  try {
+    run(o, fn);
+  } catch (const Error& e) {
+    return {e, std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count()};
+  }
+  ADD_FAILURE() << "the run was not interrupted";
+  return {Error(Errc::internal, ""), 0};
+}
+
+TEST(Interrupts, ADeadlockStopsAtOnceAndTheErrorSaysWhereEachRankWas) {
+  // Rank 3 never joins the all_reduce: without the interrupt, 60 s to the timeout.
+  const auto [e, seconds] = interrupted([](Rank& rank) {
+    if (rank.id() == 3) return;
+    Group world = Group::world(rank);
+    Tensor t = Tensor::zeros({16}, DType::f32);
+    all_reduce(world, t).synchronize();
+  });
+  EXPECT_EQ(e.code(), Errc::cancelled) << e.what();
+  for (const char* f : {"run interrupted by test interrupt after", "what each rank was last doing",
+                        "rank 0:", "all_reduce", "rank 3: [host] finished"})
+    EXPECT_NE(e.message().find(f), std::string::npos) << f << " in " << e.message();
+  EXPECT_EQ(e.message().find("still running"), std::string::npos) << e.message();
+  EXPECT_LT(seconds, 2.0);
+}
+
+TEST(Interrupts, ARankInItsOwnCodeIsNamedAndLeftBehind) {
+  // Nothing captured by reference: rank 2 outlives `run`, detached.
+  const auto [e, seconds] = interrupted([](Rank& rank) {
+    if (rank.id() == 2) std::this_thread::sleep_for(std::chrono::seconds(3));
+    rank.synchronize();
+  });
+  EXPECT_EQ(e.code(), Errc::cancelled) << e.what();
+  for (const char* f : {"rank 2 still running its own host code", "left running detached",
+                        "rank 2: [host] running", "rank 1: [host] finished"})
+    EXPECT_NE(e.message().find(f), std::string::npos) << f << " in " << e.message();
+  EXPECT_LT(seconds, 2.0);                               // the 1 s grace, not the 3 s sleep
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // rank 2 returns and ends on its own
+}
+
+TEST(Interrupts, AProcessWideInterruptStopsEveryRunUntilCleared) {
+  std::thread signaller([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    request_interrupt(SIGINT);  // what the CLI's signal handler calls
+  });
+  WorldOptions o;
+  o.n_ranks = 2;
+  expect_error(
+      [&] {
+        run(o, [](Rank& rank) {
+          Group world = Group::world(rank);
+          Tensor t = Tensor::zeros({4}, DType::f32);
+          if (rank.id() == 0) recv(world, t, 1);  // nobody sends
+        });
+      },
+      Errc::cancelled, {"run interrupted by SIGINT (Ctrl-C)", "rank 0:", "recv"});
+  signaller.join();
+  EXPECT_EQ(interrupt_requested(), SIGINT);
+  request_interrupt(0);
+  EXPECT_EQ(interrupt_requested(), 0);
+  run(2, [](Rank&) {});
+}
+
+TEST(Timeouts, OutOfRangeTimeoutsAreRefusedAndADayIsAllowed) {
+  // Beyond a day the deadline would overflow (1e10 s fired at once, 1e17 s wrapped to 1 ms).
+  for (auto t : {kMaxTimeout + std::chrono::milliseconds(1), std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(-5),
+                 std::chrono::milliseconds(std::numeric_limits<std::int64_t>::max())}) {
+    WorldOptions o;
+    o.n_ranks = 2;
+    o.timeout = t;
+    expect_error(
+        [&] { run(o, [](Rank&) {}); }, Errc::invalid_argument,
+        {fmt::format("run: timeout {} ms is out of range; allowed 1..86400000 ms", t.count())});
+  }
+  WorldOptions o;
+  o.n_ranks = 4;
+  o.timeout = kMaxTimeout;
+  run(o, [](Rank& rank) {  // a rank 0.3 s late is waited for
+    if (rank.id() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    Group world = Group::world(rank);
+    Tensor t = Tensor::zeros({4}, DType::f32);
+    all_reduce(world, t).synchronize();
+  });
+}
+
+TEST(FailurePaths, AHugeTensorIsRefusedWithItsSizeAndTheMemoryThereIs) {
+  expect_error(
+      [] { Tensor::zeros({std::int64_t(1) << 40}, DType::f32); }, Errc::too_large,
+      {"a tensor of shape", "f32 needs 4096.0 GiB (4398046511104 bytes)", "may use", "dry run"});
 }
 
 }  // namespace

@@ -41,6 +41,88 @@ TEST(Streams, OpsOnOneStreamRunInOrderAndAsynchronously) {
   });
 }
 
+// The launch queue is bounded (issue 41 item 4): a host launching faster than its stream runs
+// blocks at max_queued_ops ops, and the results and the device's modeled times are those of an
+// unbounded queue (the model's host waits for the oldest op, as CUDA's does).
+TEST(Streams, TheLaunchQueueIsBoundedAndChangesNoResultOrDeviceTime) {
+  constexpr int kOps = 3000;
+  struct Outcome {
+    RunResult result;
+    std::vector<std::vector<int>> order;
+    std::vector<std::uint32_t> most;
+  };
+  const auto launch_all = [](int depth) {
+    Outcome out;
+    out.order.resize(2);
+    out.most.assign(2, 0);
+    WorldOptions o;
+    o.n_ranks = 2;
+    o.max_queued_ops = depth;
+    out.result = run(o, [&](Rank& rank) {
+      auto& order = out.order[std::size_t(rank.id())];
+      Stream& s = rank.compute_stream();
+      // The stream starts late: the host gets ahead by as many ops as the queue takes.
+      s.launch({.name = "slow start", .work_ns = 50e3}, [] { std::this_thread::sleep_for(100ms); });
+      for (int i = 0; i < kOps; ++i) {
+        s.launch({.name = "op", .work_ns = 500e3}, [&order, i] { order.push_back(i); });
+        out.most[std::size_t(rank.id())] = std::max(out.most[std::size_t(rank.id())], s.queued());
+      }
+      s.synchronize();
+    });
+    return out;
+  };
+  const Outcome bounded = launch_all(WorldOptions::kDefaultMaxQueuedOps);
+  const Outcome unbounded = launch_all(1 << 20);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(bounded.most[r], std::uint32_t(WorldOptions::kDefaultMaxQueuedOps));
+    EXPECT_GT(unbounded.most[r], std::uint32_t(WorldOptions::kDefaultMaxQueuedOps));
+    ASSERT_EQ(bounded.order[r].size(), std::size_t(kOps));
+    EXPECT_EQ(bounded.order[r], unbounded.order[r]);
+  }
+  // Same graph, same device timeline; the bounded host launches later (it waited).
+  const ModelGraph& g = bounded.result.graph;
+  ASSERT_EQ(g.ranks[0].ops.size(), unbounded.result.graph.ranks[0].ops.size());
+  EXPECT_EQ(bounded.result.timeline.makespan_ns(), unbounded.result.timeline.makespan_ns());
+  std::int64_t host_waited = 0;
+  for (const OpRecord& op : g.ranks[0].ops) {
+    const auto& b = bounded.result.timeline.at({0, op.index});
+    const auto& u = unbounded.result.timeline.at({0, op.index});
+    if (op.cls == OpClass::host) {
+      host_waited = std::max(host_waited, b.start_ns - u.start_ns);
+    } else if (op.cls == OpClass::compute) {
+      EXPECT_EQ(b.start_ns, u.start_ns) << op.name << " " << op.index;
+      EXPECT_EQ(b.end_ns, u.end_ns) << op.name << " " << op.index;
+    }
+  }
+  EXPECT_GT(host_waited, 0);
+}
+
+TEST(Streams, AHostBlockedOnAFullQueueTimesOutSayingSo) {
+  WorldOptions o;
+  o.n_ranks = 1;
+  o.max_queued_ops = 4;
+  o.timeout = 300ms;
+  testing::expect_error(
+      [&] {
+        run(o, [](Rank& rank) {
+          Stream& s = rank.compute_stream();
+          World* world = &rank.world();
+          auto started = std::make_shared<std::atomic<bool>>(false);
+          s.launch({.name = "gate"}, [world, started] {  // holds the stream until the run fails
+            started->store(true);
+            while (!world->aborted())
+              std::this_thread::sleep_for(1ms);
+          });
+          while (!started->load())  // the worker runs it (the host would, were it idle)
+            std::this_thread::sleep_for(1ms);
+          for (int i = 0; i < 10; ++i)
+            s.launch({.name = "op"}, [] {});
+        });
+      },
+      Errc::timeout,
+      {"room in the launch queue of rank 0 stream 'compute' (4 ops queued, at most 4"});
+}
+
 TEST(Streams, SplitOpsOfOneChainStartAheadAndCompleteInOrder) {
   // Five split ops queue behind a gate: four of chain A, then one of chain B. The worker starts
   // A's ops up to the window before finishing the first, finishes them in order, and starts B's

@@ -19,6 +19,7 @@ enum class Errc {
   too_large,  ///< valid, but beyond what cocemu can do within this machine's memory or time budget
   internal,   ///< a bug in cocemu itself
   resource_exhausted,  ///< memory, threads or another resource of the machine ran out mid-run
+  cancelled,           ///< the run was interrupted (a signal: Ctrl-C, SIGTERM) and stopped
 };
 
 const char* to_string(Errc code);

@@ -48,10 +48,55 @@ class ScopedWaitScope {
 
 const WaitScope& current_wait_scope();
 
-/// Default wait timeout: `COCEMU_TIMEOUT_MS` from the environment, else 60 s.
+/// The longest wait timeout anywhere (`COCEMU_TIMEOUT_MS`, `WorldOptions::timeout`, Python's
+/// `timeout_s`): one day. Deadlines (steady_clock in ns, plus the grace of outer waits) then never
+/// overflow; larger values are refused, not saturated.
+inline constexpr std::chrono::milliseconds kMaxTimeout{86'400'000};
+
+/// Default wait timeout: `COCEMU_TIMEOUT_MS` from the environment (1..kMaxTimeout), else 60 s.
 std::chrono::milliseconds default_timeout();
+
+/// Process-wide interrupt, for a program's signal handler (the `cocemu` CLI's SIGINT/SIGTERM):
+/// every `run` in progress polls it and stops (Errc::cancelled), as do runs started later.
+/// Async-signal-safe (a lock-free atomic store); `signal` is what `interrupt_requested` returns;
+/// 0 clears it (for tests and programs that carry on).
+void request_interrupt(int signal) noexcept;
+/// The signal passed to request_interrupt, or 0 when none was requested.
+int interrupt_requested() noexcept;
 /// Default schedule seed: `COCEMU_SCHEDULE_SEED` from the environment, else 0 (no jitter).
 std::uint64_t default_schedule_seed();
+
+/// A lock the calling thread holds that the work it is about to wait for may need (Python's
+/// GIL, held by a rank thread while it launches): `release` before such a wait returns a token
+/// that `reacquire` takes after it. Installed per thread (HostBlockingHook); calls that only
+/// enqueue yet may block (a launch on a full stream) run their wait inside a BlockingSection.
+struct HostBlockingHook {
+  void* (*release)() = nullptr;
+  void (*reacquire)(void*) = nullptr;
+};
+/// Installs `hook` for the current thread until destruction.
+class ScopedHostBlockingHook {
+ public:
+  explicit ScopedHostBlockingHook(HostBlockingHook hook);
+  ~ScopedHostBlockingHook();
+  ScopedHostBlockingHook(const ScopedHostBlockingHook&) = delete;
+  ScopedHostBlockingHook& operator=(const ScopedHostBlockingHook&) = delete;
+
+ private:
+  HostBlockingHook previous_;
+};
+/// Releases the current thread's hooked lock for its lifetime (no-op without a hook).
+class BlockingSection {
+ public:
+  BlockingSection();
+  ~BlockingSection();
+  BlockingSection(const BlockingSection&) = delete;
+  BlockingSection& operator=(const BlockingSection&) = delete;
+
+ private:
+  void* token_ = nullptr;
+  void (*reacquire_)(void*) = nullptr;
+};
 
 /// With a nonzero schedule seed in the current scope, sometimes yields or sleeps a little, so
 /// tests see many thread interleavings. A no-op otherwise.

@@ -95,6 +95,9 @@ class Stream {
   void synchronize();
   /// True if every op enqueued so far has finished.
   bool query() const;
+  /// Ops enqueued and not finished yet: at most WorldOptions::max_queued_ops (a launch on a full
+  /// stream blocks the host). The host's view; call from the rank's host thread.
+  std::uint32_t queued() const;
 
  private:
   friend class Rank;
@@ -122,6 +125,16 @@ struct WorldOptions {
   std::int64_t estimate_bytes_per_rank = -1;
   /// Streams per rank beyond compute and comm that the caller creates, for that estimate.
   int estimate_extra_streams = 0;
+  /// Polled by `run`'s calling thread every ~50 ms while the ranks run, as is the process-wide
+  /// interrupt_requested() (sync.h). A non-empty answer (what happened: "SIGINT") interrupts the
+  /// run: see `run`. Python's binding checks its signals here.
+  std::function<std::string()> interrupt_check;
+  /// Ops each stream holds launched but not finished, at most (CUDA blocks the host at about
+  /// 1,024 pending launches). A launch on a full stream blocks the host thread until the oldest
+  /// op finishes; the wait is bounded by the timeout, interruptible, and recorded as a host wait
+  /// ("launch queue full"). 1..2^20.
+  int max_queued_ops = kDefaultMaxQueuedOps;
+  static constexpr int kDefaultMaxQueuedOps = 1024;
 };
 
 /// Host memory a rank takes beyond the caller's tensors: its streams, queues and op records
@@ -198,6 +211,9 @@ class World {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   /// Records a rank's failure (the first primary failure wins) and wakes every wait.
   void abort(int rank, std::exception_ptr error);
+  /// Ends the run from outside (an interrupt): `error` (Errc::cancelled) becomes the failure
+  /// every wait reports, whatever the ranks throw while they unwind.
+  void cancel(std::exception_ptr error);
   [[noreturn]] void throw_remote_failure(int rank, const std::string& waiting_for) const;
   /// One line per rank and lane: what each was last doing.
   std::string status_report() const;
@@ -253,6 +269,14 @@ class World {
 /// Runs `fn` on n rank threads and returns when all have finished (their streams drained). If a
 /// rank throws, every other rank is woken from its waits and unwound, and `run` rethrows the
 /// first failure as an `Error` naming the rank. The result holds the modeled timeline.
+///
+/// Interrupts (`WorldOptions::interrupt_check`, `request_interrupt`): the calling thread cancels
+/// the world (every wait of every rank throws within a few ms), gives the ranks 1 s to unwind,
+/// and throws Errc::cancelled with what each rank was doing when the interrupt came (the
+/// timeout report). A rank still in its own host code after that second (a sleep, a loop that
+/// calls nothing of cocemu's) cannot be stopped from outside: the error names it, its thread is
+/// detached, and what it uses (the world, `fn`) stays alive until it returns; its later cocemu
+/// calls fail, since the world is aborted.
 RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn);
 RunResult run(int n_ranks, const std::function<void(Rank&)>& fn);
 

@@ -1,12 +1,12 @@
 """A chunked-overlap unit test of one's own torch code on cocemu (docs/pytorch.md).
-    PYTHONPATH=build/python python3 -m pytest -s examples/python/test_torch_overlap.py"""
+    PYTHONPATH=build/python .venv/bin/python -m pytest -s examples/python/test_torch_overlap.py"""
 import torch
 import torch.distributed as dist
 import cocemu.torch as ct
 
 
 def matmul_all_reduce(x, w, chunks):  # the code under test: chunk i's all_reduce overlaps i+1
-    y = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype, device=torch.npu.current_device())
+    y = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype, device="npu")
     rows, works = x.shape[0] // chunks, []
     for i in range(chunks):
         torch.matmul(x[i * rows:(i + 1) * rows], w, out=y[i * rows:(i + 1) * rows])
@@ -18,7 +18,7 @@ def matmul_all_reduce(x, w, chunks):  # the code under test: chunk i's all_reduc
 
 def run(chunks, numerics, m=4096, k=1024, n=8192):
     def fn():
-        dev = torch.npu.current_device()  # cpu; meta (shapes only) when numerics=False
+        dev = "npu"  # this rank's NPU: cpu tensors; meta (shapes only) when numerics=False
         with ct.unmodeled():  # inputs: small integers, so every sum is exact
             x = (torch.arange(m * k, device=dev) % 5 - 2).reshape(m, k).to(torch.bfloat16)
             w = (torch.arange(k * n, device=dev) % 3 - 1 + dist.get_rank()).reshape(k, n)

@@ -14,18 +14,19 @@ import cocemu.torch as ct  # noqa: E402
 PROFILE = cocemu.load_profile("ascend-910b")
 
 
-def test_current_device_is_cpu_or_meta():
+def test_current_device_is_the_local_rank_and_tensors_live_on_cpu_or_meta():
     def fn():
         t = torch.empty(4096, 4096, device=torch.npu.current_device())
-        return t.device.type, torch.cuda.current_device().type
-    assert ct.run(fn, world_size=2).returns == [("cpu", "cpu")] * 2
-    assert ct.run(fn, world_size=2, numerics=False).returns == [("meta", "meta")] * 2
+        return t.device.type, ct.device().type, torch.cuda.current_device()
+    assert ct.run(fn, world_size=2).returns == [("cpu", "cpu", 0), ("cpu", "cpu", 1)]
+    assert ct.run(fn, world_size=2, numerics=False).returns == [("meta", "meta", 0),
+                                                                ("meta", "meta", 1)]
 
 
 def test_torch_npu_imports_and_unmodeled_fused_op_is_a_clear_error():
     def fn():
         import torch_npu
-        assert torch_npu.npu.current_device() == torch.device("cpu")
+        assert torch_npu.npu.current_device() == dist.get_rank()
         torch_npu.npu_rms_norm(torch.ones(2), torch.ones(2))
     with pytest.raises(cocemu.Error, match="npu_rms_norm.*not modeled"):
         ct.run(fn, world_size=2)

@@ -1,5 +1,5 @@
 """docs/pytorch.md's example (examples/python/test_torch_overlap.py) runs and is the file the
-page shows; cocemu.torch without torch, and with an untested torch version, fails clearly."""
+page shows; cocemu.torch without torch, and with a torch older than 2.1, fails clearly."""
 import importlib.util
 import os
 import subprocess
@@ -41,11 +41,15 @@ def test_without_torch_cocemu_torch_fails_at_import_and_cocemu_works():
     assert "cocemu.torch needs PyTorch" in p.stdout and "python3-torch" in p.stdout
 
 
-def test_untested_torch_version_is_refused():
-    from cocemu.torch import _torch113
-    with pytest.raises(ImportError, match="torch 2.1.0 is untested"):
-        _torch113.check_version("2.1.0")
-    _torch113.check_version("1.13.0a0")  # Debian 12's
+def test_torch_older_than_2_1_is_refused():
+    from cocemu.torch import _torch2
+    for old in ("1.13.0a0", "2.0.1"):
+        with pytest.raises(ImportError, match=f"torch {old} is not supported .*>= 2.1"):
+            _torch2.check_version(old)
+    for ok in ("2.1.0", "2.13.0+cpu", "3.0.0"):
+        _torch2.check_version(ok)
+    with pytest.raises(ImportError, match="cannot read the torch version 'x.y'"):
+        _torch2.check_version("x.y")
 
 
 def test_schedule_seed_does_not_change_bits_or_times():

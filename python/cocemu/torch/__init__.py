@@ -13,7 +13,10 @@ torch compute priced on a modeled device timeline.
     r = ct.run(fn, world_size=8)                   # r.returns[rank], r.makespan_ns, r.summary()
 
 Inside `fn` (one call per rank thread), plain torch.distributed works unchanged over the `cocemu`
-backend (per-thread world and groups), torch.npu / torch_npu / torch.cuda streams and events are
+backend, registered with torch (torch >= 2.1): each rank thread has its own c10d world, whose
+default group ct.run initialises with init_process_group("cocemu"); torch's own new_group,
+get_rank, DDP, the object collectives … then run on it. torch.npu / torch_npu / torch.cuda
+streams and events are
 the rank's cocemu streams and events, and every aten op is recorded on the current stream, priced
 by the device profile. With numerics=False the device is `meta`: shapes only, the same timeline.
 Torch ops run on the host thread; collectives and fused kernels on cocemu's streams.
@@ -26,12 +29,13 @@ except ImportError as _e:  # pragma: no cover - exercised by the no-torch test
         "./bootstrap.sh deps installs); the rest of cocemu works without it") from _e
 
 import contextlib as _contextlib
+import sys as _sys
 
 import cocemu as _cocemu
 
-from . import _torch113  # noqa: F401  (refuses an untested torch first)
-from . import _device, _dist, _mode, _state
-from ._dist import NonMemberGroup, ProcessGroup, Work  # noqa: F401
+from . import _torch2  # refuses a torch older than 2.1 first
+from . import _device, _dist, _memory, _mode, _state
+from ._dist import ProcessGroup, Work  # noqa: F401
 
 __all__ = ["run", "RunResult", "unmodeled", "segment", "device", "install_device_shim",
            "install_mindspeed_shims", "ProcessGroup", "Work", "current_rank"]
@@ -42,10 +46,11 @@ MAX_WORLD_SIZE = 256
 class RunResult:
     """A finished cocemu.torch.run: `returns[rank]`, `makespan_ns`, the ops, traces, summary."""
 
-    def __init__(self, result, returns, ops_recorded):
+    def __init__(self, result, returns, ops_recorded, peak_memory_bytes=None):
         self.result = result
         self.returns = returns
         self.ops_recorded = ops_recorded  # aten ops priced, per rank
+        self.peak_memory_bytes = peak_memory_bytes  # modeled device memory peak, per rank
 
     def __getattr__(self, name):  # makespan_ns, wall_ns, ops, write_chrome_trace, write_svg …
         return getattr(self.result, name)
@@ -84,11 +89,18 @@ def run(fn, world_size=8, profile="ascend-910b", deterministic=True, numerics=Tr
     """Runs `fn()` on `world_size` rank threads with torch.distributed initialised (backend
     "cocemu") on each, and returns a RunResult.
 
-    numerics: False runs a dry run: torch.npu.current_device() is the meta device, collectives
-        and kernels take shapes only, the modeled timeline is the real run's.
+    The default group exists when fn starts: code written for torchrun guards its own
+    init_process_group with `if not dist.is_initialized()`; an unguarded second call raises
+    torch's ValueError ("… default process group twice"), with a note saying so. Groups live as
+    long as the run: a call on one afterwards is an error saying the run has ended.
+
+    numerics: False runs a dry run: the rank's device tensors are meta tensors (ct.device()),
+        collectives and kernels take shapes only, the modeled timeline is the real run's.
     checked: report reading an async collective's output before its Work.wait().
-    record: price the aten ops fn runs (TorchDispatchMode) on the current stream.
-    timeout_s: bound of every wait (default: COCEMU_TIMEOUT_MS, else 60 s).
+    record: price the aten ops fn runs (TorchDispatchMode) on the current stream; False only
+        turns the pricing off (the device mapping, per-rank random state and allocator stay).
+    timeout_s: bound of every wait, seconds in (0, 86400] (default: COCEMU_TIMEOUT_MS, else 60 s).
+    numerics, checked, record, deterministic: bools (a string such as 'False' is an error).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or \
             not 1 <= world_size <= MAX_WORLD_SIZE:
@@ -96,41 +108,87 @@ def run(fn, world_size=8, profile="ascend-910b", deterministic=True, numerics=Tr
                            f"1..{MAX_WORLD_SIZE}")
     if not callable(fn):
         raise _state.error(f"cocemu.torch.run: fn must be callable, got {type(fn).__name__}")
+    for name, value in (("numerics", numerics), ("checked", checked), ("record", record),
+                        ("deterministic", deterministic)):
+        if not isinstance(value, bool):
+            raise _state.error(f"cocemu.torch.run: {name} = {value!r} must be True or False "
+                               f"(a bool, not {type(value).__name__})")
+    timeout = _timeout_s(timeout_s)
     install_device_shim()
     _dist.install()
-    timeout = 60.0 if timeout_s is None else float(timeout_s)
-    if timeout_s is None:
-        import os
-        if os.environ.get("COCEMU_TIMEOUT_MS"):
-            timeout = float(os.environ["COCEMU_TIMEOUT_MS"]) / 1e3
     recorded = [0] * world_size
     threads = _torch.get_num_threads()
     _torch.set_num_threads(1)  # eight rank threads already share the machine's cores
+    shared = {}  # one dict for every rank of the run (cocemu.torch._dist keeps its state there)
+    store = _torch2.new_store()  # one store for the run, as torchrun's rendezvous gives
+    states = [None] * world_size
 
     def body(rank):
-        st = _state.RankState(rank, numerics, checked, timeout)
-        _dist.make_world(st)
+        st = states[rank.id] = _state.RankState(rank, numerics, checked, timeout, shared)
         _state.set_current(st)
         try:
-            if record:
-                st.mode = _mode.Recorder(st)
-                with st.mode:
-                    out = fn()
-            else:
-                out = fn()
+            _dist.start_rank(st, store, timeout)
+            # Always pushed: the mode maps the device, the random state and the allocator
+            # per rank; `record` decides only whether it prices the ops.
+            st.mode = _mode.Recorder(st, record)
+            with st.mode:
+                out = _call(fn)
             rank.synchronize()
             if st.mode is not None:
                 recorded[rank.id] = st.mode.ops
             return out
         finally:
-            _state.set_current(None)
+            try:
+                _dist.end_rank(st, failing=_sys.exc_info()[0] is not None)
+            finally:
+                _state.set_current(None)
 
+    _torch2.enter_run()
     try:
         r = _cocemu.run(world_size, body, profile=profile, deterministic=deterministic,
                         schedule_seed=schedule_seed, dry_run=not numerics, timeout_s=timeout_s)
     finally:
+        _torch2.exit_run()
         _torch.set_num_threads(threads)
-    return RunResult(r, list(r.returns), recorded)
+    _device.finish_run(r, states)
+    return RunResult(r, list(r.returns), recorded,
+                     [0 if st is None else _memory.peak(st) for st in states])
+
+
+def _timeout_s(timeout_s):
+    """The run's bound of every wait in seconds: timeout_s, else COCEMU_TIMEOUT_MS, else 60."""
+    import math
+    import os
+    if timeout_s is None:
+        env = os.environ.get("COCEMU_TIMEOUT_MS")
+        if not env:
+            return 60.0
+        try:
+            ms = float(env)
+        except ValueError:
+            ms = math.nan
+        if not (math.isfinite(ms) and ms > 0):
+            raise _state.error(f"cocemu.torch.run: COCEMU_TIMEOUT_MS = {env!r} is not a positive "
+                               f"number of milliseconds")
+        return ms / 1e3
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
+            not (math.isfinite(timeout_s) and 0 < timeout_s <= 86400):
+        raise _state.error(f"cocemu.torch.run: timeout_s = {timeout_s!r} must be a number of "
+                           f"seconds in (0, 86400]")
+    return float(timeout_s)
+
+
+def _call(fn):
+    """fn(), with a note on torch's error for a second init_process_group."""
+    try:
+        return fn()
+    except ValueError as e:
+        if "initialize the default process group twice" in str(e):
+            e.add_note("cocemu.torch.run has already initialised the default process group "
+                       "(backend 'cocemu') on this rank thread; guard the call with `if not "
+                       "torch.distributed.is_initialized():`, as code run under torchrun "
+                       "usually does")
+        raise
 
 
 @_contextlib.contextmanager

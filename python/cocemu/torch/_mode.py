@@ -3,12 +3,16 @@ op on that rank's current cocemu stream, priced by the run's device profile with
 the C++ layers use: `gemm_ns` for mm / addmm / bmm / baddbmm (matmul and linear reach these) from
 their shapes, dtype and operand layout; `memory_ns` for every other op that touches data, from
 the bytes it reads and writes; views, allocations and metadata free. The op itself runs on the
-host thread at once (real numerics on CPU tensors; shapes only on meta tensors)."""
+host thread at once (real numerics on CPU tensors; shapes only on meta tensors).
+
+The same mode keeps the rank's modeled device memory (cocemu.torch._memory: every storage an op
+creates) and draws each random op from the rank's generators (cocemu.torch._rng); entering it also
+pushes the device mode (cocemu.torch._device.DeviceMode) that maps "cuda"/"npu" to the rank."""
 import torch
 
 import cocemu
 
-from . import _torch113
+from . import _device, _memory, _races, _rng, _torch2
 from ._state import error
 
 aten = torch.ops.aten
@@ -38,24 +42,41 @@ GEMMS = {
 WRITE_ONLY = {aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default,
               aten.normal_.default, aten.uniform_.default, aten.random_.default}
 
-_kind_cache = {}  # func -> ("free" | "view" | "gemm" | "memory", written argument indices)
+# Random ops that take no generator argument in any overload yet draw from the default one.
+RANDOM_WITHOUT_GENERATOR = {"native_dropout"}
+
+# func -> ("free" | "view" | "gemm" | "memory", written argument indices, random: 0 = no, 1 = draws
+# from the default generator, 2 = takes a `generator` argument)
+_kind_cache = {}
+
+
+def _random(func):
+    if any(a.name == "generator" for a in func._schema.arguments):
+        return 2
+    packet = func.overloadpacket
+    if packet.__name__ in RANDOM_WITHOUT_GENERATOR:
+        return 1
+    for name in packet.overloads():
+        if any(a.name == "generator" for a in getattr(packet, name)._schema.arguments):
+            return 1
+    return 0
 
 
 def _kind(func):
     k = _kind_cache.get(func)
     if k is None:
-        written = _torch113.op_writes(func)
+        written = _torch2.op_writes(func)
         names = [a.name for a in func._schema.arguments]
         idx = tuple(names.index(n) for n in written if n in names)
         if func in FREE:
-            k = ("free", idx)
+            kind = "free"
         elif func in GEMMS:
-            k = ("gemm", idx)
-        elif _torch113.op_is_view(func):
-            k = ("view", idx)
+            kind = "gemm"
+        elif _torch2.op_is_view(func):
+            kind = "view"
         else:
-            k = ("memory", idx)
-        _kind_cache[func] = k
+            kind = "memory"
+        k = _kind_cache[func] = (kind, idx, _random(func))
     return k
 
 
@@ -71,6 +92,13 @@ def _tensors(args, kwargs, written):
     for name, a in kwargs.items():
         if isinstance(a, torch.Tensor):
             yield a, name == "out"
+
+
+def _storage_key(t):
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # sparse, nested
+        return None
 
 
 def _nbytes(t):
@@ -90,27 +118,127 @@ def _span(t):
     return extent * t.element_size()
 
 
-class Recorder(_torch113.TorchDispatchMode):
-    """Prices one rank thread's aten ops on its current cocemu stream."""
+class Recorder(_torch2.TorchDispatchMode):
+    """Prices one rank thread's aten ops on its current cocemu stream (`record`), keeps its
+    modeled device memory and random state; entering it pushes the rank's DeviceMode first."""
 
-    def __init__(self, st):
+    def __init__(self, st, record=True):
         super().__init__()
         self.st = st
+        self.record = record
         self.ops = 0
+        self.mem = _memory.of(st)
+        self.rng = _rng.of(st)
+        self.races = _races.of(st)  # None unless checked
+        self.device_mode = None
+        st.alloc_device = None
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        # torch 2.x wraps a mode's __torch_dispatch__ in a dynamo-disabling frame unless the mode
+        # opts out (2 us an op); cocemu.torch does not run torch.compile on rank threads.
+        return False
+
+    def __enter__(self):
+        self.device_mode = _device.DeviceMode(self.st)
+        self.device_mode.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self.device_mode.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        try:
+            return super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            self.device_mode.__exit__(exc_type, exc_value, traceback)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         st = self.st
-        kind, written = _kind(func)
+        kind, written, random = _kind(func)
         if st.pending and kind != "view" and kind != "free":
             self._check_pending(func, args, kwargs, written)
-        out = func(*args, **kwargs)
-        if st.recording == 0 and kind != "view" and kind != "free":
+        if random and kwargs.get("generator") is None:
+            out = _rng.call_with(func, args, kwargs, self._generator(args, kwargs), random == 2)
+        else:
+            out = func(*args, **kwargs)
+        if not written and kind != "view":
+            self._track(func, args, kwargs, out)
+        if self.races is not None and st.recording == 0 and kind != "view" and kind != "free":
+            self._access(func, args, kwargs, out, written)
+        if self.record and st.recording == 0 and kind != "view" and kind != "free":
             if kind == "gemm":
                 self._gemm(func, args, kwargs, out)
             else:
                 self._memory(func, args, kwargs, out, written)
         return out
+
+    def _on_device(self, args, kwargs):
+        """Whether an op's results are the rank's device tensors: it was called with a device
+        argument (DeviceMode), or one of its tensors is a device tensor (a meta tensor, or one
+        whose storage the allocator holds)."""
+        dev = self.st.alloc_device
+        if dev is not None:
+            return dev
+        live = self.mem.live
+        Tensor = torch.Tensor
+        for a in args:
+            if isinstance(a, Tensor):
+                if a.is_meta or _storage_key(a) in live:
+                    return True
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, Tensor) and (b.is_meta or _storage_key(b) in live):
+                        return True
+        for a in kwargs.values():
+            if isinstance(a, Tensor) and (a.is_meta or _storage_key(a) in live):
+                return True
+        return False
+
+    def _generator(self, args, kwargs):
+        return self.rng.device() if self._on_device(args, kwargs) else self.rng.cpu
+
+    def _track(self, func, args, kwargs, out):
+        """Registers the device storages `out` brings into being with the rank's allocator
+        (host storages are not tracked: a storage it does not hold is a host one)."""
+        Tensor = torch.Tensor
+        if isinstance(out, Tensor):
+            outs = (out,)
+        elif isinstance(out, (list, tuple)):
+            outs = [o for o in out if isinstance(o, Tensor)]
+        else:
+            return
+        live = self.mem.live
+        dev = None
+        for t in outs:
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # sparse, nested: not modeled
+                continue
+            key = storage._cdata
+            if key in live:
+                continue
+            if dev is None:
+                dev = t.is_meta or self._on_device(args, kwargs)
+                if not dev:
+                    return
+            self.mem.add(storage, key, t, func.overloadpacket.__name__)
+
+    def _access(self, func, args, kwargs, out, written):
+        """Stream-race check (checked mode): the op reads its inputs and writes its written
+        arguments and new outputs on the current stream."""
+        reads, writes, fresh = [], [], ()
+        for t, w in _tensors(args, kwargs, written):
+            (writes if w else reads).append(t)
+        if not written:
+            if isinstance(out, torch.Tensor):
+                fresh = (out,)
+            elif isinstance(out, (list, tuple)):
+                fresh = [o for o in out if isinstance(o, torch.Tensor)]
+        self.races.access(self.st.rank.current_stream, func.overloadpacket.__name__, reads,
+                          writes, fresh)
 
     def _launch(self, name, ns, flops=None, nbytes=None):
         self.ops += 1
@@ -123,7 +251,7 @@ class Recorder(_torch113.TorchDispatchMode):
         for i, a in enumerate(args):
             if isinstance(a, Tensor):
                 if i not in skip:
-                    nbytes += a.numel() * a.element_size()
+                    nbytes += a.nbytes
             elif isinstance(a, (list, tuple)):
                 nbytes += sum(_nbytes(b) for b in a if isinstance(b, Tensor))
         if kwargs:
@@ -132,7 +260,7 @@ class Recorder(_torch113.TorchDispatchMode):
                 if isinstance(a, Tensor) and a is not o:
                     nbytes += _nbytes(a)
         if isinstance(out, Tensor):
-            nbytes += out.numel() * out.element_size()
+            nbytes += out.nbytes
         elif isinstance(out, (list, tuple)):
             nbytes += sum(_nbytes(b) for b in out if isinstance(b, Tensor))
         if nbytes == 0:
@@ -180,3 +308,13 @@ class Recorder(_torch113.TorchDispatchMode):
                         f"rank {self.st.id}: aten.{func.overloadpacket.__name__} {what} of "
                         f"{work.describe()} before its Work.wait() (on a device it would race "
                         f"with the collective); call wait() first", code="failed_precondition")
+
+
+def finish_run(result, states):
+    """After cocemu.torch.run: the run's events answer Event.elapsed_time from `result`."""
+    _device.finish_run(result, states)
+
+
+def peak_memory_bytes(st):
+    """The rank's peak of modeled device memory during the run (for RunResult)."""
+    return _memory.peak(st)

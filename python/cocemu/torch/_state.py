@@ -18,7 +18,7 @@ def set_current(state):
 
 
 class RankState:
-    def __init__(self, rank, numerics, checked, timeout_s):
+    def __init__(self, rank, numerics, checked, timeout_s, shared=None):
         self.rank = rank
         self.id = rank.id
         self.world_size = rank.world_size
@@ -27,7 +27,11 @@ class RankState:
         self.timeout_s = timeout_s
         self.profile = rank.profile
         self.world = None           # the world ProcessGroup (cocemu.torch._dist)
-        self.groups = {}            # ProcessGroup -> its world ranks
+        self.groups = {}            # ProcessGroup -> its world ranks (this rank's groups)
+        self.c10d_world = None      # torch's process-group state for this rank (_torch2)
+        self.ended = False          # the run is over: this rank's groups refuse calls
+        self.shared = {} if shared is None else shared  # one dict for all ranks of the run
+        self.p2p_batches = {}       # batch_isend_irecv's list -> its _dist._Batch
         self.pending = []           # [(start, end, Work)] outputs of collectives not yet waited
         self.recording = 0          # > 0 while ct.unmodeled() pauses recording
         self.streams = {}           # cocemu stream -> device-shim Stream

@@ -25,6 +25,9 @@ target_include_directories(cocemu_shared PUBLIC
 target_link_libraries(cocemu_shared
   PUBLIC fmt::fmt Threads::Threads nlohmann_json::nlohmann_json
   PRIVATE yaml-cpp ${OPENBLAS_LIBRARY} TBB::tbb ${CMAKE_DL_LIBS})
+# The headers are C++20 (std::bit_cast, std::span, concepts): a consumer gets the standard with the
+# target, whatever its own CMAKE_CXX_STANDARD (tests/install builds one that sets none).
+target_compile_features(cocemu_shared INTERFACE cxx_std_20)
 add_library(cocemu::cocemu ALIAS cocemu_shared)
 
 foreach(module runtime collectives attention layers bench)

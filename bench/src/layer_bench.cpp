@@ -125,6 +125,7 @@ struct Accumulator {
     if (op.cls == OpClass::comm) {
       comm.push_back({t.start_ns, t.end_ns});
       s.comm_work_ns += op.work_ns;
+      ++s.collectives;
     } else if (op.cls == OpClass::compute) {
       compute.push_back({t.start_ns, t.end_ns});
       s.compute_work_ns += op.work_ns;
@@ -207,8 +208,23 @@ Verdict judge(const SegmentStats& serial, const SegmentStats& split) {
   auto us = [](double ns) { return ns / 1e3; };
   // Chunks of the split product: pipeline steps, or the GEMM launches beyond serial's.
   const int chunks = split.fused_steps > 0 ? split.fused_steps : split.gemms - serial.gemms + 1;
-  if (chunks <= 1)
-    return {false, "not split", "runs as one GEMM and one collective (nothing to overlap)"};
+  if (chunks <= 1) {
+    // No chunks: the strategy launched the same GEMMs as serial. Whatever the segment overlaps
+    // then comes from its unsplit GEMMs and collectives running side by side (a backward's weight
+    // gradient beside its input gradient's reduction), not from splitting.
+    if (split.fused_steps > 0)
+      return {false, "not split",
+              "runs as a fused kernel of one step (nothing overlapped inside it)"};
+    const std::string ops =
+        fmt::format("{} GEMM{} and {} collective{}", split.gemms, split.gemms == 1 ? "" : "s",
+                    split.collectives, split.collectives == 1 ? "" : "s");
+    if (split.overlap_ns <= 0)
+      return {false, "not split", fmt::format("runs as {}, unsplit (nothing overlapped)", ops)};
+    return {false, "not split",
+            fmt::format("runs its {} unchunked, as serial does; {:.1f} us of them overlapped "
+                        "({:.1f} us serial)",
+                        ops, us(split.overlap_ns), us(serial.overlap_ns))};
+  }
   if (split.device_ops >= 2 && 2 * split.host_gated >= split.device_ops)
     return {false, "host bound",
             fmt::format("host bound: {} of {} chunk ops waited for their host launch ({:.1f} us "

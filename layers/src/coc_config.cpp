@@ -59,6 +59,58 @@ std::optional<std::array<std::int64_t, 3>> parse_shape_key(const std::string& ke
   return dims;
 }
 
+/// YAML's limit on an implicit key (one on a line with its ':'), which yaml-cpp enforces.
+constexpr std::size_t kMaxYamlKeyChars = 1024;
+
+/// A quoted key longer than YAML allows: yaml-cpp says only "end of map flow not found" (in a
+/// flow mapping, `{"…": 2}`) or "illegal map value". Found before parsing, with its line and
+/// length. (A plain key in block style is explained by the YAML reader itself.)
+void check_quoted_key_lengths(const std::string& text, const std::string& origin) {
+  std::size_t line = 1;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') ++line;
+    if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n')) {
+      while (i + 1 < text.size() && text[i + 1] != '\n')
+        ++i;
+      continue;
+    }
+    // A quote opens a scalar only where a scalar can start (not inside a plain one: "it's").
+    const char before = i == 0 ? '\n' : text[i - 1];
+    const bool opens = before == '\n' || before == ' ' || before == '\t' || before == '{' ||
+                       before == '[' || before == ',' || before == ':';
+    if ((c != '"' && c != '\'') || !opens) continue;
+    // A quoted scalar: to its closing quote ('' escapes a single quote, \" a double one).
+    const std::size_t start = i, at_line = line;
+    std::size_t j = i + 1;
+    for (; j < text.size(); ++j) {
+      if (text[j] == '\n') ++line;
+      if (c == '"' && text[j] == '\\') {
+        ++j;
+        continue;
+      }
+      if (text[j] == c) {
+        if (c == '\'' && j + 1 < text.size() && text[j + 1] == '\'') {
+          ++j;
+          continue;
+        }
+        break;
+      }
+    }
+    if (j >= text.size()) return;  // unterminated: the YAML reader says so
+    std::size_t after = j + 1;
+    while (after < text.size() && (text[after] == ' ' || text[after] == '\t'))
+      ++after;
+    const std::size_t chars = j + 1 - start;  // with its quotes, as YAML counts the key
+    COCEMU_CHECK(after >= text.size() || text[after] != ':' || chars <= kMaxYamlKeyChars,
+                 Errc::parse_error,
+                 "{}:{}: in the CoC config: a key of {} characters; YAML allows at most {} in a "
+                 "key (customized_coc's keys are shapes \"[m, k, n]\")",
+                 origin, at_line, chars, kMaxYamlKeyChars);
+    i = j;
+  }
+}
+
 int env_int(const EnvLookup& env, const std::string& name, std::initializer_list<int> allowed,
             int fallback) {
   const auto v = env(name);
@@ -84,6 +136,7 @@ CocConfig parse_coc_config(const std::string& text, const std::string& origin,
                            const EnvLookup& env) {
   using detail::YamlReader;
   CocConfig c;
+  check_quoted_key_lengths(text, origin);
   YamlReader top = YamlReader::parse(text, origin, "CoC config");
   c.matmul_soc_friendly = top.boolean_or("matmul_soc_friendly", true);
   c.recompute_all_gather = top.boolean_or("recompute_all_gather", true);

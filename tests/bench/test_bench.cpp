@@ -291,7 +291,34 @@ TEST(Bench, JudgeAppliesTheBalanceAndGainCriteria) {
   comm_split.span_ns = 950;
   EXPECT_EQ(judge(comm_heavy, comm_split).failed, "comm dominated");
   SegmentStats unsplit = serial;
+  unsplit.collectives = 1;
   EXPECT_EQ(judge(serial, unsplit).failed, "not split");
+  EXPECT_NE(judge(serial, unsplit)
+                .text.find("runs as 1 GEMM and 1 collective, unsplit (nothing overlapped)"),
+            std::string::npos)
+      << judge(serial, unsplit).text;
+}
+
+// A backward segment that a strategy does not chunk (as many GEMMs as serial) but whose GEMMs and
+// collectives overlap: the verdict says how many of each and what overlapped, never "one GEMM and
+// one collective (nothing to overlap)".
+TEST(Bench, JudgeSaysWhatAnUnsplitSegmentOfManyOpsOverlaps) {
+  SegmentStats serial{.name = "bwd",
+                      .span_ns = 5e6,
+                      .compute_work_ns = 3e6,
+                      .comm_work_ns = 2e6,
+                      .overlap_ns = 1062e3,
+                      .gemms = 4,
+                      .collectives = 3};
+  const SegmentStats same = serial;
+  const Verdict v = judge(serial, same);
+  EXPECT_FALSE(v.success);
+  EXPECT_EQ(v.failed, "not split");
+  EXPECT_EQ(v.text.find("one GEMM"), std::string::npos) << v.text;
+  EXPECT_EQ(v.text.find("nothing to overlap"), std::string::npos) << v.text;
+  for (const char* part :
+       {"runs its 4 GEMMs and 3 collectives unchunked", "1062.0 us of them overlapped"})
+    EXPECT_NE(v.text.find(part), std::string::npos) << part << " in: " << v.text;
 }
 
 TEST(Bench, TunedConfigNeverModelsSlowerThanTheBestSingleP) {

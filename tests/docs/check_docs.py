@@ -8,7 +8,9 @@ For each Markdown file given (README.md, docs/*.md) it checks:
     with "$ " is a command (a trailing backslash continues it); the lines after it, up to the
     next command, are output that the command must print: each one, with runs of spaces
     collapsed, must occur inside one line of the real output ("..." inside a shown line skips
-    any text; a line that is only "..." is just an elision). A command must exit 0, unless the
+    any text; a line that is only "..." is just an elision; a figure written "~1.68e-09" varies
+    from machine to machine — an f32 result that depends on the BLAS kernel, a time — and matches
+    any number printed there). A command must exit 0, unless the
     block is marked <!-- run: exit N -->. <!-- norun: why --> before a block skips running it
     (its options are still checked);
   * includes: a code block after <!-- include: PATH --> (or PATH#ANCHOR, the lines between
@@ -78,6 +80,10 @@ COMMENT_RE = re.compile(r"^\s*<!--\s*(.*?)\s*-->\s*$")
 INLINE_CODE_RE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 OPTION_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9-]*")
+# A figure in shown output that varies by machine: "~" before a number ("~1.68e-09", "~0.0337").
+# It matches any number there (an optional "~" and sign, digits, a fraction, an exponent).
+VARYING_RE = re.compile(r"~([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)")
+NUMBER_PATTERN = r"~?[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 
 
 @dataclass
@@ -541,19 +547,22 @@ class Checker:
     def norm(s: str) -> str:
         return " ".join(s.split())
 
+    @staticmethod
+    def shown_pattern(expected: str) -> re.Pattern[str]:
+        """A shown output line as a pattern: its text literally (runs of spaces collapsed), "..."
+        any text, "~FIGURE" any number (a figure that varies by machine)."""
+        out = []
+        for k, part in enumerate(Checker.norm(expected).split("...")):
+            if k:
+                out.append(".*?")
+            pieces = VARYING_RE.split(Checker.norm(part))
+            for j, piece in enumerate(pieces):
+                out.append(NUMBER_PATTERN if j % 2 else re.escape(piece))
+        return re.compile("".join(out))
+
     def output_matches(self, expected: str, actual_lines: list[str]) -> bool:
-        parts = [self.norm(p) for p in self.norm(expected).split("...")]
-        for line in actual_lines:
-            pos, ok = 0, True
-            for p in parts:
-                k = line.find(p, pos)
-                if k < 0:
-                    ok = False
-                    break
-                pos = k + len(p)
-            if ok:
-                return True
-        return False
+        pattern = self.shown_pattern(expected)
+        return any(pattern.search(line) for line in actual_lines)
 
     def run_blocks(self, doc: Doc, workdir: Path) -> None:
         for b in doc.blocks:
@@ -636,6 +645,12 @@ SELFTEST_CASES = [
     ("option in a block", "```bash\ncocemu tune --model x --frobnicate\n```\n", "tune has no option --frobnicate"),
     ("broken command", "```console\n$ cocemu bench --repeats 0\n```\n", "exited 2, expected 0"),
     ("output drift", "```console\n$ cocemu --help\nSubcommands: frobnicate\n```\n", "output line not printed"),
+    ("varying figure", "```console\n$ echo 'relative error 1.12e-09 (bound 0.000103)'\n"
+     "relative error ~1.68e-09 (bound 0.000103)\n```\n", None),
+    ("varying figure, fixed text", "```console\n$ echo 'relative error 1.12e-09 (bound 0.5)'\n"
+     "relative error ~1.68e-09 (bound 0.000103)\n```\n", "output line not printed"),
+    ("varying figure is a number", "```console\n$ echo 'relative error nan (bound 0.000103)'\n"
+     "relative error ~1.68e-09 (bound 0.000103)\n```\n", "output line not printed"),
     ("date", "Measured on 2026-11-24.\n", "date '2026-11-24'"),
     ("hash", "Since c3a4aca the table is faster.\n", "looks like a commit hash"),
     ("history phrase", "The plan was slow and is now\nfast.\n", "tells history"),

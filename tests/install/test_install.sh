@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build into a temporary prefix and uses it as a user would (ctest label `install`):
 #  1. builds examples/cpp (the README's example, as printed) as a separate CMake project with
-#     find_package(cocemu), runs it and checks its output;
+#     find_package(cocemu), runs it and checks its output; builds the quickstart again in a
+#     project that sets no C++ standard (the target must carry C++20);
 #  2. compiles the same file with the pkg-config line and runs it, and every installed header;
 #  3. checks that the installed CLI, a program linked to the installed library and the installed
 #     Python module find their configs under the prefix (a profile only the prefix has);
@@ -48,6 +49,23 @@ check_quickstart "$tmp/run1"
 cat "$tmp/run1/out.txt"
 (cd "$tmp/run1" && "$tmp/examples/overlap" > overlap.txt)
 grep -q "chunked result equal to serial: yes" "$tmp/run1/overlap.txt" || fail "overlap example"
+
+step "a CMake consumer that sets no C++ standard (the target carries cxx_std_20)"
+mkdir "$tmp/consumer"
+cat > "$tmp/consumer/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.20)
+project(consumer LANGUAGES CXX)
+find_package(cocemu CONFIG REQUIRED)
+add_executable(quickstart "$src/examples/cpp/quickstart.cpp")
+target_link_libraries(quickstart PRIVATE cocemu::cocemu)
+CMAKE
+cmake -S "$tmp/consumer" -B "$tmp/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" \
+  > "$tmp/consumer.log" || { cat "$tmp/consumer.log"; fail "configure the consumer"; }
+cmake --build "$tmp/consumer/build" -j 2 >> "$tmp/consumer.log" 2>&1 \
+  || { cat "$tmp/consumer.log"; fail "build a consumer without CMAKE_CXX_STANDARD"; }
+mkdir "$tmp/run3"
+(cd "$tmp/run3" && "$tmp/consumer/build/quickstart" > out.txt)
+check_quickstart "$tmp/run3"
 
 step "the pkg-config line"
 flags=$(PKG_CONFIG_PATH="$(dirname "$pc")" pkg-config --cflags --libs cocemu)

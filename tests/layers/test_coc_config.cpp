@@ -120,6 +120,30 @@ TEST(CocConfig, InvalidValuesAreClearErrors) {
                Errc::parse_error, {"p.yaml:", "tiles_per_step", "[1, 15]"});
 }
 
+// A key longer than YAML allows (1024 characters with its quotes): yaml-cpp says only "end of
+// map flow not found" in a flow mapping; the error names the file, the line, the key's length and
+// the limit, in flow and block style. A key at the limit is read (and refused as a shape).
+TEST(CocConfig, AKeyLongerThanYamlAllowsNamesItsLengthAndTheLimit) {
+  const std::string key = "[" + std::string(1020, '1') + ", 1, 1]";  // 1028 characters
+  const std::string shown = std::to_string(key.size() + 2);          // with its quotes
+  expect_error(
+      [&] { parse_coc_config("customized_coc: {\"" + key + "\": 2}\n", "f.yaml", env({})); },
+      Errc::parse_error,
+      {"f.yaml:1", "a key of " + shown + " characters", "at most 1024", "[m, k, n]"});
+  expect_error(
+      [&] {
+        parse_coc_config("k_min: 1\ncustomized_coc:\n  '" + key + "': 2\n", "b.yaml", env({}));
+      },
+      Errc::parse_error, {"b.yaml:3", "a key of " + shown + " characters", "at most 1024"});
+  const std::string at_limit = "[" + std::string(1014, '1') + ", 1, 1]";  // 1022 + 2 quotes
+  expect_error(
+      [&] { parse_coc_config("customized_coc: {\"" + at_limit + "\": 2}\n", "l.yaml", env({})); },
+      Errc::parse_error, {"l.yaml:", "must be a shape"});
+  // Quotes inside a plain value or a comment are not keys.
+  EXPECT_NO_THROW(parse_coc_config("k_min: 1  # it's \"" + std::string(1100, 'x') + "\": no key\n",
+                                   "c.yaml", env({})));
+}
+
 TEST(CocConfig, CocCannotBeCombinedWithRecomputeCommOptimisation) {
   expect_error(
       [] {

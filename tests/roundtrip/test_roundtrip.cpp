@@ -1,10 +1,11 @@
-// R-PL-5: what `cocemu plan` writes loads in the next tool. For a small search on an Ascend and
-// an NVIDIA profile, the winner's YAML (read from another working directory) and its flags (the
-// command plan prints) go back into `cocemu train --dry-run`, which must reproduce the planned
-// iteration to the nanosecond; the flags must be the platform's (no Ascend-only flag for NVIDIA)
-// and a shell must be able to paste them.
+// R-PL-5: what `cocemu plan` writes loads in the next tool. For a small search on every shipped
+// profile (and in detail on an Ascend and an NVIDIA one), the winner's YAML (read from another
+// working directory) and its flags (the command plan prints) go back into `cocemu train --dry-run`,
+// which must reproduce the planned iteration to the nanosecond; the flags must be the platform's
+// (no Ascend-only flag for NVIDIA) and a shell must be able to paste them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -146,6 +147,81 @@ TEST(RoundTrip, H100YamlAndFlagsReproduceThePlanWithoutAscendFlags) {
   EXPECT_EQ(slurp(p.dir + "/out/plan.winner.yaml").find("coc_config"), std::string::npos);
   EXPECT_EQ(train_flags(p, &out), best["iteration_ns"].get<std::int64_t>()) << out;
   EXPECT_NE(p.out.find("Transformer Engine's split GEMMs"), std::string::npos) << p.out;
+}
+
+/// The device profiles `cocemu` reads: the folder its error for an unknown profile names
+/// ("no DIR/NAME.yaml"), listed.
+std::vector<std::string> shipped_profiles() {
+  int status = 0;
+  const std::string err = testing::run_command(
+      std::string(COCEMU_BINARY) +
+          " plan --profile no-such-profile --model llama2-7b --nodes 1 --global-batch 8 2>&1",
+      &status);
+  const std::string marker = "(no ", tail = "/no-such-profile.yaml)";
+  const auto start = err.find(marker), end = err.find(tail);
+  if (start == std::string::npos || end == std::string::npos || end < start) {
+    ADD_FAILURE() << "no profile folder in: " << err;
+    return {};
+  }
+  const std::string dir = err.substr(start + marker.size(), end - start - marker.size());
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".yaml") names.push_back(entry.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Every shipped profile, with the collectives as a cluster runs them (plan's default) and, on one
+// profile, rank-ordered (--deterministic): the flags file alone — `cocemu train --dry-run --engine
+// priced --model M --profile P --nodes N $(cat FILE)`, no other setting — reproduces the flags'
+// candidate to the nanosecond, and the YAML the winner. Two nodes, so that the gradient
+// reduction crosses them and NCCL/HCCL's algorithms price differently from rank-ordered sums.
+TEST(RoundTrip, EveryProfilesFlagsFileAloneReproducesThePlan) {
+  const std::vector<std::string> profiles = shipped_profiles();
+  ASSERT_GE(profiles.size(), 4u);
+  for (const std::string& profile : profiles) {
+    for (const bool deterministic : {false, true}) {
+      if (deterministic && profile != "h100-sxm") continue;
+      SCOPED_TRACE(profile + (deterministic ? " --deterministic" : ""));
+      const Planned p = plan_in("every_" + profile + (deterministic ? "_det" : ""),
+                                "--model llama2-7b --profile " + profile +
+                                    " --nodes 2 --global-batch 32 --seq 4096" +
+                                    (deterministic ? " --deterministic" : ""));
+      ASSERT_FALSE(p.json.is_null());
+      const std::string cmd = printed_flags_command(p.out);
+      // The command plan prints adds only the model, the profile, the nodes and the CoC file.
+      EXPECT_EQ(cmd.find("determin"), std::string::npos) << cmd;
+      const std::string flags = slurp(p.dir + "/out/plan.winner.flags");
+      expect_pasteable(flags);
+      EXPECT_NE(flags.find(deterministic ? " --deterministic-mode" : " --nondeterministic"),
+                std::string::npos)
+          << flags;
+      const auto& flagged =
+          p.json.contains("flags_candidate") ? p.json["flags_candidate"] : p.json["best"];
+      std::string out;
+      EXPECT_EQ(train_flags(p, &out), flagged["iteration_ns"].get<std::int64_t>()) << out;
+      EXPECT_EQ(train_yaml(p, &out), p.json["best"]["iteration_ns"].get<std::int64_t>()) << out;
+    }
+  }
+}
+
+// The hand-off: LLaMA2-70B on 8 H100 nodes, where NCCL's algorithms and rank-ordered
+// sums price 1.5% apart: the flags file alone gives the winner's iteration.
+TEST(RoundTrip, H100EightNodesFlagsFileAloneGivesTheWinnersIteration) {
+  const Planned p = plan_in("h100_8",
+                            "--model llama2-70b --profile h100-sxm --nodes 8 "
+                            "--global-batch 256 --seq 4096");
+  ASSERT_FALSE(p.json.is_null());
+  ASSERT_FALSE(p.json.contains("flags_candidate"));
+  std::string out;
+  int status = 0;
+  out = cocemu_in(p.dir,
+                  "train --dry-run --engine priced --model llama2-70b --profile h100-sxm "
+                  "--nodes 8 $(cat out/plan.winner.flags) --out-dir tf",
+                  &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(read_json(p.dir + "/tf/train.json")["iteration_ns"].get<std::int64_t>(),
+            p.json["best"]["iteration_ns"].get<std::int64_t>());
 }
 
 }  // namespace

@@ -252,6 +252,34 @@ train:
                {"--gradient-aggregation-group", "--bucket-mb", "give one"});
 }
 
+// Script CoC at tensor parallel size 1 has no TP collective to overlap: an error naming the
+// strategy and what tp 1 allows, from a flag and from a file (a validation reference's layout
+// goes through the same resolution); serial and fused stay accepted there.
+TEST(TrainConfig, ScriptCocAtTensorParallelOneIsRefused) {
+  TrainSettings f;
+  f.model.set("llama2-7b", "--model");
+  f.tp.set(1, "--tensor-model-parallel-size");
+  f.coc.set("script-p2", "--coc");
+  expect_error(
+      [&] { (void)resolve_settings(f, true); }, Errc::invalid_argument,
+      {"--coc", "'script-p2'", "tensor parallel size is 1", "allowed at tp 1: serial, fused"});
+  for (const char* ok : {"serial", "fused"}) {
+    f.coc.set(ok, "--coc");
+    EXPECT_NO_THROW((void)resolve_settings(f, true)) << ok;
+  }
+  f.tp.set(2, "--tensor-model-parallel-size");
+  f.coc.set("script-p2", "--coc");
+  EXPECT_NO_THROW((void)resolve_settings(f, true));
+  expect_error(
+      [] {
+        (void)resolve_settings(parse_train_config("parallel_config:\n  model_parallel: 1\n"
+                                                  "train:\n  model: llama2-7b\n  coc: script-p8\n",
+                                                  "t.yaml"),
+                               true);
+      },
+      Errc::invalid_argument, {"t.yaml:5", "'script-p8'", "tensor parallel size is 1"});
+}
+
 // MindFormers' names where MindFormers has them, MindSpeed's where MindSpeed does: each spelling
 // in the other's place is an error that says where it goes.
 TEST(TrainConfig, EachKeyInItsFrameworksPlace) {

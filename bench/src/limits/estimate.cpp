@@ -8,6 +8,7 @@
 #include "cocemu/bench/train/train_report.h"
 #include "cocemu/collectives/plan.h"
 #include "cocemu/layers/train/pipeline.h"
+#include "cocemu/layers/train/trainer.h"
 
 namespace cocemu::bench {
 
@@ -22,12 +23,14 @@ std::int64_t to_bytes(double b) {
   return b >= 4e18 ? std::int64_t(4e18) : std::int64_t(std::max(0.0, b));
 }
 
-double compute_seconds(double flops) {
-  return flops / (double(host_cores()) * kHostFlopsPerCore);
+// kHostFlopsPerCore and kHostElementsPerCore are rates of the reference machine (runtime/limits.h),
+// scaled by this machine's speed.
+double compute_seconds(double flops, bool deterministic) {
+  return flops / (double(host_cores()) * kHostFlopsPerCore * host_speed().gemm(deterministic));
 }
 
 double element_seconds(double elements) {
-  return elements / (double(host_cores()) * kHostElementsPerCore);
+  return elements / (double(host_cores()) * kHostElementsPerCore * host_speed().elements);
 }
 
 }  // namespace
@@ -68,22 +71,39 @@ Estimate estimate_bench(const BenchConfig& c, const std::string& what) {
   const double attention = 12 * double(l.batch) * double(l.seq) * double(l.seq) * h * 0.5;
   const double per_run = 6 * tokens * params + attention;
   const double runs = double(c.strategies.size()) * double(std::max(c.repeats, 1));
-  e.host_seconds = compute_seconds(per_run * runs);
+  e.host_seconds = compute_seconds(per_run * runs, c.deterministic);
   return e;
 }
 
 // ---------------------------------------------------------------------------------------------
 // train
 
-/// Fitted: `cocemu train --model mid.yaml` (hidden 512, 8 heads, ffn 1536, 4 layers, seq 512,
-/// vocab 8000, tp 8: real numerics on 8 ranks, 3 iterations) peaked at 8.66 GB of RSS where the
-/// step model's device memory is 230 MB per rank: the emulated ranks keep f32 copies beside the
-/// bf16 tensors, every micro-batch's saved inputs and the op records of every iteration.
-constexpr double kTrainMemoryFactor = 4.7;
-/// Fitted on the same run: its 7.3·10¹¹ model FLOPs (3 iterations) took 127 s of CPU, 5.7·10⁹
-/// FLOP/s per core — a tenth of the layer benchmark's rate: the emulated step's GEMMs are TP
-/// shards of few rows, and its conversions, elementwise ops, attention and waits weigh more.
-constexpr double kTrainFlopsPerCore = 5.7e9;
+/// Peak RSS of the emulated step (real numerics), fitted on eleven runs (`cocemu train` with the
+/// built-in model on 1, 2, 4 and 8 nodes, 338 MB to 2.57 GB; and `--model M` on 8 ranks, hidden
+/// 128 to 512, 2 or 4 layers, seq 256 or 512, vocab 2000 or 8000, 0.70 to 6.07 GB), each within
+/// 0.86 to 1.19 of the fit: a start, a fixed part per rank (its threads' touched stacks, malloc
+/// arenas and OpenBLAS buffers), the step model's device memory per rank times a factor (the
+/// emulated ranks keep f32 copies beside the bf16 tensors and every micro-batch's saved inputs)
+/// and the attention scores of every sequence, layer, head and iteration (the op records keep
+/// them). A factor on device memory alone reads 0.6× the peak on 64 ranks of a small model.
+constexpr double kTrainStartBytes = 36e6;
+constexpr double kTrainRankBytes = 23e6;
+constexpr double kTrainDeviceMemoryFactor = 2.6;
+constexpr double kTrainScoreBytes = 4.5;
+/// The CPU time of the emulated step (real numerics) on the reference machine (the probe's,
+/// estimate.h), fitted on six decoders (`cocemu train --model M`: hidden 128 to 512, ffn 3·hidden,
+/// 2 or 4 layers, seq 256 or 512, vocab 2000 or 8000; tp 2 × dp 4, 16 sequences, 3 iterations;
+/// 4.3 s to 88 s of CPU, each within 12% of the fit). A start and three terms: the GEMMs (model
+/// FLOPs as model_flops_per_iteration counts them: TP shards of few rows), the elementwise work of
+/// every layer pass (conversions, norms, residuals, softmax, page faults: per token, layer and
+/// hidden element) and the cross-entropy over the vocabulary (per token and vocabulary entry, in
+/// f32). A FLOP rate alone misses by 3.5× between hidden 256 and 512: the elementwise work grows
+/// with h, the GEMMs with h². Held out: the decoder of tests/robustness/test_limits.cpp (hidden
+/// 256, 2 layers) at 0.90 of its CPU time, at 6 iterations 0.95, on tp 8 0.96 and tp 1 0.79.
+constexpr double kTrainFlopsPerSecond = 4.4e10;
+constexpr double kTrainLayerElementSeconds = 3.7e-7;
+constexpr double kTrainVocabElementSeconds = 5.0e-8;
+constexpr double kTrainStartSeconds = 0.67;
 /// Fitted: `cocemu train --dry-run --engine emulate --model llama2-7b --iterations 10` (8 ranks,
 /// 32 layers, 4 micro-batches: 10,240 layer passes) took 9.35 s of CPU (user and system) and
 /// peaked at 870 MB: the op records and host work of one rank's layer pass (forward and
@@ -114,11 +134,27 @@ Estimate estimate_train_emulated(const TrainSetup& s, const std::string& what) {
       "use --dry-run (modeled time and memory, no numerics), or a smaller model, micro-batch or "
       "world";
   const MemoryEstimate per_device = estimate_memory(o.model, l, *s.profile);
-  e.memory_bytes = to_bytes(kBaselineBytes + kTrainMemoryFactor * world * per_device.peak_bytes);
-  // Model FLOPs of every iteration, plus the recomputed forward where the layout recomputes.
+  const double scores = double(l.global_batch_size) * double(o.model.seq) * double(o.model.seq) *
+                        double(o.model.heads) * double(o.model.num_layers) * double(o.iterations);
+  e.memory_bytes =
+      to_bytes(kTrainStartBytes +
+               world * (kTrainRankBytes + kTrainDeviceMemoryFactor * per_device.peak_bytes) +
+               scores * kTrainScoreBytes);
+  // Model FLOPs and layer passes of every iteration, plus the recomputed forward where the
+  // layout recomputes; CPU seconds on the reference machine, then on this one's cores.
   const double recompute = l.recompute == layers::train::Recompute::full ? 4.0 / 3.0 : 1.0;
-  e.host_seconds = model_flops_per_iteration(o.model, l) * recompute * double(o.iterations) /
-                   (double(host_cores()) * kTrainFlopsPerCore);
+  const double iterations = double(o.iterations);
+  const double tokens = double(l.global_batch_size) * double(o.model.seq) * iterations;
+  const double vocab = double(layers::train::padded_vocab(o.model.vocab, l.tp));
+  const HostSpeed speed = host_speed();
+  const double gemm_seconds =
+      model_flops_per_iteration(o.model, l) * iterations * recompute / kTrainFlopsPerSecond;
+  const double element_seconds = kTrainStartSeconds +
+                                 tokens * double(o.model.num_layers) * double(o.model.hidden) *
+                                     recompute * kTrainLayerElementSeconds +
+                                 tokens * vocab * kTrainVocabElementSeconds;
+  e.host_seconds = (gemm_seconds / speed.gemm(s.deterministic) + element_seconds / speed.elements) /
+                   double(host_cores());
   return e;
 }
 
@@ -160,8 +196,8 @@ Estimate estimate_attention(std::int64_t batch, std::int64_t seq, std::int64_t h
   // the exp, scale and mask of forward and backward (about 8 element operations).
   // (f64 GEMMs run at half the f32 rate.)
   const double scores = b * double(heads) * s * s * visible;
-  e.host_seconds =
-      compute_seconds(scores * 14 * d * (element_bytes >= 8 ? 2 : 1)) + element_seconds(scores * 8);
+  e.host_seconds = compute_seconds(scores * 14 * d * (element_bytes >= 8 ? 2 : 1), true) +
+                   element_seconds(scores * 8);
   return e;
 }
 
@@ -177,7 +213,8 @@ Estimate estimate_mlpbench(std::int64_t m, std::int64_t hidden, std::int64_t ffn
   e.memory_bytes = to_bytes(kBaselineBytes + per_rank * 3 * ranks);
   // Six GEMMs of m·h·ffn (two forward, four backward) per strategy run and for the floor.
   const double per_run = 6 * 2 * md * h * double(ffn);
-  e.host_seconds = compute_seconds(per_run * 6 * double(repeats));
+  e.host_seconds =
+      compute_seconds(per_run * 6 * double(repeats), true);  // either mode: the default
   return e;
 }
 

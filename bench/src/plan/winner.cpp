@@ -200,7 +200,11 @@ std::string winner_flags(const PlanResult& r) {
     }
   }
   if (c.tp_comm_overlap) s += " --tp-comm-overlap";
-  if (r.request.deterministic) s += " --deterministic-mode";
+  // The collectives as priced. Megatron-LM runs NCCL's algorithms unless --deterministic-mode;
+  // cocemu train sums in rank order unless --nondeterministic (its own flag, which Megatron does
+  // not take): the file says which, so that train reproduces the plan from the file alone.
+  s += r.request.deterministic ? " --deterministic-mode" : " --nondeterministic";
+  if (r.request.dtype != DType::bf16) s += fmt::format(" --dtype {}", name_of(r.request.dtype));
   return s;
 }
 
@@ -209,8 +213,6 @@ std::string winner_train_command(const PlanResult& r, const std::string& out_dir
   std::string s = fmt::format(
       "cocemu train --dry-run --engine priced --model {} --profile {} --nodes {}",
       portable(r.request.model_name), portable(r.request.profile_name), r.request.nodes);
-  if (!r.request.deterministic) s += " --nondeterministic";
-  if (r.request.dtype != DType::bf16) s += fmt::format(" --dtype {}", name_of(r.request.dtype));
   if (uses_coc(c)) s += " --coc-config " + out_dir + "/" + flags_coc_file(r);
   return s + " $(cat " + out_dir + "/plan.winner.flags)";
 }

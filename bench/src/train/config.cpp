@@ -482,6 +482,14 @@ TrainSetup resolve_settings(const TrainSettings& s, bool dry_run, const DecoderS
                      "{} = {}; allowed: 1, 2, 4, 8 (MindSpeed's choices)", s.coc_parallel_num.where,
                      *s.coc_parallel_num.value);
   const auto [strategy, p] = parse_coc(s.coc);
+  // Script CoC splits a TP GEMM into chunks to overlap them with its TP collective: at tp 1
+  // there is none, and the run would be serial under another name. (fused stays allowed: the
+  // shipped references set it at tp 1 as MindSpeed's --use-mc2, which MindSpeed accepts there.)
+  COCEMU_CHECK_ARG(!s.coc.value || strategy != layers::Strategy::script || l.tp > 1,
+                   "{}: CoC strategy '{}' splits a GEMM to overlap its tensor-parallel "
+                   "collective, and tensor parallel size is 1 (no TP collective); allowed at tp "
+                   "1: serial, fused",
+                   s.coc.where.empty() ? "--coc" : s.coc.where, *s.coc.value);
   layers::CocConfig coc;
   coc.tile_rows = 32;  // several pipeline steps even for small layers (as `cocemu bench`)
   if (s.coc_config.value) coc = layers::load_coc_config(*s.coc_config.value);

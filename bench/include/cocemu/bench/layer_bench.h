@@ -65,6 +65,7 @@ struct SegmentStats {
   double host_ns = 0;          ///< host launch time of its ops
   double wall_ns = -1;         ///< host wall time of its device ops on rank 0; -1 in dry runs
   int gemms = 0;               ///< GEMM launches (split chunks and unsplit GEMMs alike)
+  int collectives = 0;         ///< collective launches (comm ops on the device)
   int fused_steps = 0;         ///< pipeline steps of its fused kernels
   int device_ops = 0;          ///< compute and comm ops after the first of each lane
   int host_gated = 0;          ///< of those, ops whose start waited for their host launch

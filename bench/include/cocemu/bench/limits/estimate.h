@@ -16,6 +16,41 @@
 
 namespace cocemu::bench {
 
+/// The host time of real numerics depends on the machine: its core, its clock, its memory, its
+/// vector units (cocemu's deterministic GEMM has an AVX-512 kernel), the kernels OpenBLAS picks
+/// for it (SkylakeX, Zen, Haswell, or a generic Prescott several times slower). The time
+/// estimates' constants are rates of a reference machine; each is scaled by this machine's speed
+/// relative to that one, measured on probes of the emulator's kind (a few ms of CPU, once per
+/// process): a bf16 GEMM of 256³ with cocemu's deterministic kernel and with OpenBLAS scales the
+/// GEMM FLOPs of a deterministic or non-deterministic run, and a bf16 to f32 conversion and back
+/// of 2^18 elements scales the elementwise work.
+///
+/// The probes on the reference machine, a 2-core AMD EPYC (Zen 4) VM where OpenBLAS runs its
+/// Cooperlake kernels, with and without other work on the cores: deterministic GEMM 9.3·10¹⁰ to
+/// 9.7·10¹⁰ FLOP/s, OpenBLAS 7.5·10¹⁰ to 9.4·10¹⁰ (its Prescott kernels 1.8·10¹⁰ to 3.7·10¹⁰),
+/// conversions 6.4·10⁹ to 7.7·10⁹ elements/s (`Limits.TheHostSpeedProbes…` prints them).
+/// The train constants (estimate.cpp) were fitted there; the layer benchmark's (runtime/limits.h:
+/// kHostFlopsPerCore) hold there within 15% (`Limits.TheBenchEstimateHoldsForAnotherLayer`).
+inline constexpr double kReferenceDetGemmFlopsPerSecond = 9.3e10;
+inline constexpr double kReferenceBlasGemmFlopsPerSecond = 8.8e10;
+inline constexpr double kReferenceElementsPerSecond = 7.0e9;
+/// The speeds' range: a probe outside it measured a broken clock, not a machine.
+inline constexpr double kMinHostSpeed = 0.02, kMaxHostSpeed = 50;
+
+/// This machine against the reference, per core: 2 where it is twice as fast.
+struct HostSpeed {
+  double det_gemm_flops_per_second = 0;   ///< the GEMM probe, deterministic kernel
+  double blas_gemm_flops_per_second = 0;  ///< the GEMM probe, OpenBLAS
+  double elements_per_second = 0;         ///< the elementwise probe
+  double det_gemm = 1;   ///< det_gemm_flops_per_second / kReferenceDetGemmFlopsPerSecond
+  double blas_gemm = 1;  ///< blas_gemm_flops_per_second / kReferenceBlasGemmFlopsPerSecond
+  double elements = 1;   ///< elements_per_second / kReferenceElementsPerSecond
+  /// The GEMM speed of a run in that mode.
+  double gemm(bool deterministic) const { return deterministic ? det_gemm : blas_gemm; }
+};
+/// Measured once per process (cached), within [kMinHostSpeed, kMaxHostSpeed].
+HostSpeed host_speed();
+
 /// `cocemu bench` with real numerics: every strategy × repeats runs of the layer on tp ranks.
 /// A dry run records shapes only: its cost does not grow with the sizes (none estimated).
 Estimate estimate_bench(const BenchConfig& config, const std::string& what);

@@ -126,8 +126,10 @@ std::string winner_yaml(const PlanResult& result);
 /// multi-copy.
 const PlanCandidate& flags_candidate(const PlanResult& result);
 /// Megatron-LM flags, with MindSpeed's (--use-ascend-coc, --context-parallel-algo …) on a
-/// MindSpeed platform and Megatron-LM's (--tp-comm-overlap, --cp-comm-type) elsewhere: one line,
-/// nothing but flags, so `$(cat FILE)` pastes it.
+/// MindSpeed platform and Megatron-LM's (--tp-comm-overlap, --cp-comm-type) elsewhere, and the
+/// collectives as priced (--deterministic-mode, or cocemu's --nondeterministic) and a dtype other
+/// than bf16 (cocemu's --dtype): one line, nothing but flags, so `$(cat FILE)` pastes it and
+/// `cocemu train` reproduces the candidate from it alone.
 std::string winner_flags(const PlanResult& result);
 /// customized_coc of `candidate` as a CoC config file ("" when it overlaps nothing).
 std::string winner_coc_yaml(const PlanResult& result, const PlanCandidate& candidate);

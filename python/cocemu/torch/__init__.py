@@ -171,11 +171,7 @@ def _timeout_s(timeout_s):
             raise _state.error(f"cocemu.torch.run: COCEMU_TIMEOUT_MS = {env!r} is not a positive "
                                f"number of milliseconds")
         return ms / 1e3
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
-            not (math.isfinite(timeout_s) and 0 < timeout_s <= 86400):
-        raise _state.error(f"cocemu.torch.run: timeout_s = {timeout_s!r} must be a number of "
-                           f"seconds in (0, 86400]")
-    return float(timeout_s)
+    return _cocemu._cocemu._check_timeout_s(timeout_s, "cocemu.torch.run", "timeout_s")
 
 
 def _call(fn):

@@ -174,7 +174,8 @@ case "${1:-}" in
     ;;
   fuzz)
     deps
-    # libFuzzer comes in the package of clang's own major version (Debian 12: 14, 13: 19).
+    # libFuzzer and the sanitizer runtimes come in packages of clang's own major version
+    # (Debian 12: 14, 13: 19): libfuzzer-N-dev and libclang-rt-N-dev.
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
     export DEBIAN_FRONTEND=noninteractive
@@ -184,14 +185,27 @@ case "${1:-}" in
     fi
     if command -v clang++ >/dev/null 2>&1; then
       major=$(clang++ -dumpversion | cut -d. -f1)
-      if ! dpkg -s "libfuzzer-$major-dev" >/dev/null 2>&1; then
-        $sudo apt-get install -y -qq --no-install-recommends "libfuzzer-$major-dev" >/dev/null || true
-      fi
+      for pkg in "libfuzzer-$major-dev" "libclang-rt-$major-dev"; do
+        if ! dpkg -s "$pkg" >/dev/null 2>&1; then
+          $sudo apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null || true
+        fi
+      done
     fi
     if ! command -v clang++ >/dev/null 2>&1; then
       echo "bootstrap: clang is not available: the fuzz targets are skipped"
       exit 0
     fi
+    probe=$(mktemp -d)
+    printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+      >"$probe/probe.cpp"
+    if ! clang++ -fsanitize=fuzzer,address,undefined "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/log"; then
+      echo "bootstrap: clang++ $(clang++ -dumpversion) cannot link -fsanitize=fuzzer,address,undefined:" >&2
+      head -n 5 "$probe/log" >&2
+      echo "bootstrap: install libfuzzer-$major-dev and libclang-rt-$major-dev" >&2
+      rm -rf "$probe"
+      exit 1
+    fi
+    rm -rf "$probe"
     CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DCOCEMU_FUZZ=ON \
       -DCOCEMU_NATIVE=OFF >/dev/null
     cmake --build build-fuzz -j "$JOBS" --target fuzz_targets

@@ -12,8 +12,11 @@ if(NOT TARGET cocemu_python)
 endif()
 file(GLOB _cocemu_wheel_py ${PROJECT_SOURCE_DIR}/python/cocemu/*.py)
 file(GLOB _cocemu_wheel_torch_py ${PROJECT_SOURCE_DIR}/python/cocemu/torch/*.py)
+file(GLOB _cocemu_wheel_processes_py ${PROJECT_SOURCE_DIR}/python/cocemu/processes/*.py)
 install(FILES ${_cocemu_wheel_py} DESTINATION ${SKBUILD_PLATLIB_DIR}/cocemu COMPONENT wheel)
 install(FILES ${_cocemu_wheel_torch_py} DESTINATION ${SKBUILD_PLATLIB_DIR}/cocemu/torch
+        COMPONENT wheel)
+install(FILES ${_cocemu_wheel_processes_py} DESTINATION ${SKBUILD_PLATLIB_DIR}/cocemu/processes
         COMPONENT wheel)
 install(TARGETS cocemu_python LIBRARY DESTINATION ${SKBUILD_PLATLIB_DIR}/cocemu COMPONENT wheel)
 install(TARGETS cocemu RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR} COMPONENT wheel)

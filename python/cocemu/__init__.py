@@ -98,7 +98,8 @@ from ._cocemu import (  # noqa: F401  (re-exported)
 )
 
 __version__ = _cocemu.__version__
-__all__ = [name for name in dir() if not name.startswith("_")] + ["run", "P2POp"]
+__all__ = [name for name in dir() if not name.startswith("_")] + ["run", "P2POp",
+                                                                   "wait_unmodeled"]
 
 
 def run(n_ranks, fn, profile="ascend-910b", deterministic=True, schedule_seed=None,
@@ -125,6 +126,12 @@ def run(n_ranks, fn, profile="ascend-910b", deterministic=True, schedule_seed=No
     return _cocemu._run(n_ranks, fn, profile=profile, deterministic=deterministic,
                         schedule_seed=schedule_seed, dry_run=dry_run, timeout_s=timeout_s,
                         record_wall_times=record_wall_times)
+
+
+def wait_unmodeled(event):
+    """Blocks until `event` (an Event, or a Work's event) has run, recording nothing: see
+    Event.wait_unmodeled."""
+    getattr(event, "event", event).wait_unmodeled()
 
 
 def _error(message, code="invalid_argument"):

@@ -578,13 +578,25 @@ void bind_runtime(py::module_& m, Classes& classes) {
              if (e.session) e.session->check("Event.query");
              return e.event.query();
            })
-      .def("synchronize", [](const EventHandle& e) {
-        if (!e.session) return;
-        e.session->check("Event.synchronize");
-        check_host_thread(*e.owner, "Event.synchronize");
-        py::gil_scoped_release nogil;
-        e.event.synchronize();
-      });
+      .def("synchronize",
+           [](const EventHandle& e) {
+             if (!e.session) return;
+             e.session->check("Event.synchronize");
+             check_host_thread(*e.owner, "Event.synchronize");
+             py::gil_scoped_release nogil;
+             e.event.synchronize();
+           })
+      .def(
+          "wait_unmodeled",
+          [](const EventHandle& e) {
+            if (!e.session) return;
+            e.session->check("Event.wait_unmodeled");
+            py::gil_scoped_release nogil;
+            e.event.wait_unmodeled();
+          },
+          "Blocks until the event's ops have run, recording nothing (the modeled host clock "
+          "does not move): for a host about to read data the timeline already orders after "
+          "them.");
 
   py::class_<StreamHandle>(m, "Stream",
                            "An in-order queue of ops, asynchronous to the rank's host thread.")

@@ -64,3 +64,18 @@ def test_schedule_seed_does_not_change_bits_or_times():
     a, b = ct.run(fn, world_size=4), ct.run(fn, world_size=4, schedule_seed=11)
     assert all(torch.equal(p, q) for p, q in zip(a.returns, b.returns))
     assert a.makespan_ns == b.makespan_ns
+
+
+TORCHRUN_EXAMPLE = os.path.join(ROOT, "examples", "python", "test_torchrun_tp.py")
+
+
+def test_torchrun_example_passes_on_every_rank_process_and_is_on_the_page():
+    page = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
+    assert open(TORCHRUN_EXAMPLE).read().strip() in page
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "4", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        TORCHRUN_EXAMPLE], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stdout.count("2 passed") == 4

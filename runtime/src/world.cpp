@@ -323,6 +323,19 @@ bool Event::query() const {
   return !stream_ || stream_->completed.reached(target_);
 }
 
+void Event::wait_unmodeled() const {
+  if (!stream_) return;
+  stream_->help(target_);
+  detail::WaitGrace grace(detail::kHostWaitGrace);
+  stream_->completed.wait_geq(target_, [&] {
+    return fmt::format("waiting for the data of rank {} stream '{}' (op {} of {})",
+                       stream_->rank->id(), stream_->name, target_, stream_->host_submitted);
+  });
+  if (auto e = stream_->failed()) std::rethrow_exception(e);
+  if (stream_->world->aborted())
+    stream_->world->throw_remote_failure(stream_->rank->id(), "a wait for a collective's data");
+}
+
 void Event::synchronize() const {
   if (!stream_) return;
   OpSpec spec{.name = "event.synchronize", .cls = OpClass::wait, .launch = LaunchKind::none};

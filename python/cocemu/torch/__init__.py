@@ -37,6 +37,8 @@ from . import _torch2  # refuses a torch older than 2.1 first
 from . import _device, _dist, _memory, _mode, _state
 from ._dist import ProcessGroup, Work  # noqa: F401
 
+_dist.install()  # init_process_group("cocemu") works from import on (torchrun: ranks as processes)
+
 __all__ = ["run", "RunResult", "unmodeled", "segment", "device", "install_device_shim",
            "install_mindspeed_shims", "ProcessGroup", "Work", "current_rank"]
 
@@ -85,9 +87,14 @@ class RunResult:
 
 
 def run(fn, world_size=8, profile="ascend-910b", deterministic=True, numerics=True,
-        schedule_seed=None, timeout_s=None, checked=True, record=True):
+        schedule_seed=None, timeout_s=None, checked=True, record=True, processes=False):
     """Runs `fn()` on `world_size` rank threads with torch.distributed initialised (backend
     "cocemu") on each, and returns a RunResult.
+
+    processes: True runs each rank in a process of its own (module globals, torch's generator
+        and current device per rank, as under torchrun); fn must be importable (a module-level
+        function) and its return value picklable. The same bits and modeled nanoseconds as
+        threads.
 
     The default group exists when fn starts: code written for torchrun guards its own
     init_process_group with `if not dist.is_initialized()`; an unguarded second call raises
@@ -113,7 +120,17 @@ def run(fn, world_size=8, profile="ascend-910b", deterministic=True, numerics=Tr
         if not isinstance(value, bool):
             raise _state.error(f"cocemu.torch.run: {name} = {value!r} must be True or False "
                                f"(a bool, not {type(value).__name__})")
+    if not isinstance(processes, bool):
+        raise _state.error(f"cocemu.torch.run: processes = {processes!r} must be True or False "
+                           f"(a bool, not {type(processes).__name__})")
     timeout = _timeout_s(timeout_s)
+    if processes:
+        from . import _processes
+        r = _processes.run(fn, world_size, profile, deterministic, numerics, schedule_seed,
+                           timeout, checked, record)
+        returns = list(r.returns)
+        return RunResult(r, [x[0] for x in returns], [x[1] for x in returns],
+                         [x[2] for x in returns])
     install_device_shim()
     _dist.install()
     recorded = [0] * world_size

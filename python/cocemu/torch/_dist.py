@@ -8,8 +8,6 @@ block in modeled time). Torch ops run on the host thread (cocemu.torch._mode pri
 current stream), so `Work.wait()` also waits in wall time until the data is there; reading an
 async collective's output before its `wait()` is reported (checked mode).
 """
-import threading
-
 import numpy as np
 import torch
 
@@ -69,7 +67,7 @@ class Work(_torch2.WorkBase):
     def _data_ready(self):
         """The host waits in wall time (no modeled op) until the outputs hold the result."""
         if self._st.numerics:
-            _state.wall_wait(self._cw.is_completed, self._st, f"{self.describe()}: Work.wait")
+            _wait_data(self._st, self._cw)
 
     def _guard(self, fn):
         try:
@@ -153,7 +151,7 @@ class _Batch:
 
     def launch(self):
         if self.cw is None and self.ops:
-            self.cw = cocemu.batch_isend_irecv(self.pg.cg, self.ops)
+            self.cw = self.pg._st.api.batch_isend_irecv(self.pg.cg, self.ops)
         return self.cw
 
     def _launched(self, call):
@@ -189,38 +187,20 @@ class _Joined:
         return all(w.is_completed() for w in self.works)
 
 
-class _AnySource:
-    """Receives from any source: senders count what they send to each (group, dst, tag); a
-    receive from any source claims the lowest sending rank with a message not yet claimed."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.sent = {}     # (group key, dst, tag) -> {src: count}
-        self.taken = {}    # the same, by directed receives and any-source claims
-
-    def note_send(self, key, src):
-        with self.lock:
-            d = self.sent.setdefault(key, {})
-            d[src] = d.get(src, 0) + 1
-
-    def note_recv(self, key, src):
-        with self.lock:
-            d = self.taken.setdefault(key, {})
-            d[src] = d.get(src, 0) + 1
-
-    def claim(self, key):
-        with self.lock:
-            sent, taken = self.sent.get(key, {}), self.taken.setdefault(key, {})
-            for src in sorted(sent):
-                if sent[src] > taken.get(src, 0):
-                    taken[src] = taken.get(src, 0) + 1
-                    return src
-        return None
+def _wait_data(st, cw):
+    """Blocks until cocemu Work `cw` (or a _Joined, _Batch) has run, recording nothing."""
+    if isinstance(cw, _Joined):
+        for w in cw.works:
+            _wait_data(st, w)
+    elif isinstance(cw, _Batch):
+        _wait_data(st, cw._launched("wait"))
+    else:
+        st.api.wait_unmodeled(cw)
 
 
 def _mailbox(st):
-    """The run's _AnySource (one for all its ranks)."""
-    return st.shared.setdefault("any_source", _AnySource())
+    """The run's AnySource (one for all its ranks)."""
+    return st.shared_object("any_source", "AnySource")
 
 
 def _check_alive(pg, call):
@@ -273,6 +253,10 @@ class ProcessGroup(_torch2.ProcessGroupBase):
 
     # --- helpers ------------------------------------------------------------------------------
 
+    @property
+    def _api(self):  # cocemu's module on rank threads, the hub's on rank processes
+        return self._st.api
+
     def _work(self, cw, call, outputs=(), finish=None, inputs=(), result=None):
         w = Work(self._st, cw, call, self, outputs, finish, inputs, result)
         if self._coalescing is not None:
@@ -293,7 +277,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
     def new_group(self, ranks, timeout=None, pg_options=None, group_name=None, group_desc=None):
         """torch's new_group calls this on the default group on every rank (members or not)."""
         st = _check_alive(self, "new_group")
-        cg = cocemu.new_group(st.rank, list(ranks))
+        cg = self._api.new_group(st.rank, list(ranks))
         if not cg.is_member:
             return None
         pg = ProcessGroup(st, cg, ranks, cg.name)
@@ -311,7 +295,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         op = _op(opts.reduceOp if opts is not None else None, st, call)
         if any(t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, op, call)
-        cws = [cocemu.all_reduce(self.cg, self._arr(t, call, "tensor"), op=op, async_op=True)
+        cws = [self._api.all_reduce(self.cg, self._arr(t, call, "tensor"), op=op, async_op=True)
                for t in tensors]
         return self._work(cws[0] if len(cws) == 1 else _Joined(cws), call, tensors)
 
@@ -355,7 +339,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         call = "all_reduce_coalesced"
         st = _check_alive(self, call)
         op = _op(opts.reduceOp if opts is not None else None, st, call)
-        return self._coalesced(call, tensors, tensors, lambda flat: cocemu.all_reduce(
+        return self._coalesced(call, tensors, tensors, lambda flat: self._api.all_reduce(
             self.cg, self._arr(flat, call, "tensors"), op=op, async_op=True))
 
     def _coalesced(self, call, tensors, outputs, launch):
@@ -389,7 +373,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
                 raise error(f"rank {st.id}: {call}: tensor_list has {len(outs)} tensors; "
                             f"{self.describe()} has {self.size()} ranks")
             flat = torch.empty((self.size() * t.numel(),), dtype=t.dtype, device=t.device)
-            cws.append(cocemu.all_gather(self.cg, self._arr(flat, call, "output"),
+            cws.append(self._api.all_gather(self.cg, self._arr(flat, call, "output"),
                                          self._arr(t, call, "tensor"), async_op=True))
             flats.append((flat, outs, t.numel()))
 
@@ -416,7 +400,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
             raise error(f"rank {st.id}: {call}: the input tensors mix dtypes")
         inp = torch.cat([t.reshape(-1) for t in input_list])
         flat = torch.empty((n * inp.numel(),), dtype=inp.dtype, device=inp.device)
-        cw = cocemu.all_gather(self.cg, self._arr(flat, call, "output"),
+        cw = self._api.all_gather(self.cg, self._arr(flat, call, "output"),
                                self._arr(inp, call, "input"), async_op=True)
 
         def finish():
@@ -431,7 +415,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
     def all_gather_single(self, output, input, opts=None):
         call = "all_gather_into_tensor"
         _check_alive(self, call)
-        cw = cocemu.all_gather(self.cg, self._arr(output, call, "output"),
+        cw = self._api.all_gather(self.cg, self._arr(output, call, "output"),
                                self._arr(input, call, "input"), async_op=True)
         return self._work(cw, call, (output,), inputs=(input,))
 
@@ -440,7 +424,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         call = "all_gather_into_tensor_coalesced"
         _check_alive(self, call)
-        cws = [cocemu.all_gather(self.cg, self._arr(o, call, "output"),
+        cws = [self._api.all_gather(self.cg, self._arr(o, call, "output"),
                                  self._arr(i, call, "input"), async_op=True)
                for o, i in zip(outputs, inputs)]
         return self._work(_Joined(cws), call, outputs, inputs=inputs)
@@ -463,7 +447,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
 
     def _rs(self, output, input, opts, call):
         op = _op(opts.reduceOp if opts is not None else None, self._st, call)
-        return cocemu.reduce_scatter(self.cg, self._arr(output, call, "output"),
+        return self._api.reduce_scatter(self.cg, self._arr(output, call, "output"),
                                      self._arr(input, call, "input"), op=op, async_op=True)
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -497,7 +481,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
             n = self.size()
             splits = dict(output_splits=outs or [shape_out[0] // n] * n,
                           input_splits=ins or [shape_in[0] // n] * n)
-        cw = cocemu.all_to_all(self.cg, self._arr(output, call, "output", shape_out),
+        cw = self._api.all_to_all(self.cg, self._arr(output, call, "output", shape_out),
                                self._arr(input, call, "input", shape_in), async_op=True,
                                **splits)
         return self._work(cw, call, (output,), inputs=(input,))
@@ -519,7 +503,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         inp = torch.cat([t.reshape(-1) for t in input_list])
         out = torch.empty((sum(t.numel() for t in output_list),), dtype=inp.dtype,
                           device=output_list[0].device)
-        cw = cocemu.all_to_all(self.cg, self._arr(out, call, "output", (out.numel(), 1)),
+        cw = self._api.all_to_all(self.cg, self._arr(out, call, "output", (out.numel(), 1)),
                                self._arr(inp, call, "input", (inp.numel(), 1)), async_op=True,
                                output_splits=[t.numel() for t in output_list],
                                input_splits=[t.numel() for t in input_list])
@@ -536,7 +520,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         call = "broadcast"
         _check_alive(self, call)
         root = self._root(opts.rootRank if opts is not None else 0, call, "src")
-        cws = [cocemu.broadcast(self.cg, self._arr(t, call, "tensor"), root, async_op=True)
+        cws = [self._api.broadcast(self.cg, self._arr(t, call, "tensor"), root, async_op=True)
                for t in tensors]
         return self._work(cws[0] if len(cws) == 1 else _Joined(cws), call, tensors)
 
@@ -545,7 +529,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         st = _check_alive(self, call)
         root = self._root(opts.rootRank, call, "dst")
         op = _op(opts.reduceOp, st, call)
-        cws = [cocemu.reduce(self.cg, self._arr(t, call, "tensor"), root, op=op, async_op=True)
+        cws = [self._api.reduce(self.cg, self._arr(t, call, "tensor"), root, op=op, async_op=True)
                for t in tensors]
         return self._work(cws[0] if len(cws) == 1 else _Joined(cws), call, tensors)
 
@@ -571,7 +555,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
             raise error(f"rank {st.id}: {call}: gather_list must be empty on a non-destination "
                         f"rank")
         out = None if flat is None else self._arr(flat, call, "gather_list")
-        cw = cocemu.gather(self.cg, out, self._arr(tensor, call, "tensor"), root, async_op=True)
+        cw = self._api.gather(self.cg, out, self._arr(tensor, call, "tensor"), root, async_op=True)
         return self._work(cw, call, (flat, *outs), finish, inputs=(tensor,),
                           result=output_lists)
 
@@ -589,13 +573,13 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         elif input_lists and input_lists[0]:
             raise error(f"rank {st.id}: {call}: scatter_list must be empty on a non-source rank")
         inp = None if flat is None else self._arr(flat, call, "scatter_list")
-        cw = cocemu.scatter(self.cg, self._arr(outputs[0], call, "tensor"), inp, root,
+        cw = self._api.scatter(self.cg, self._arr(outputs[0], call, "tensor"), inp, root,
                             async_op=True)
         return self._work(cw, call, outputs)
 
     def barrier(self, opts=None):
         _check_alive(self, "barrier")
-        return self._work(cocemu.barrier(self.cg, async_op=True), "barrier")
+        return self._work(self._api.barrier(self.cg, async_op=True), "barrier")
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """A barrier bounded by `timeout` (a timedelta or seconds; default: the run's timeout)
@@ -607,16 +591,13 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         st = _check_alive(self, "monitored_barrier")
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else \
             (st.timeout_s if timeout is None else float(timeout))
-        shared = st.shared.setdefault(("monitored_barrier", self.cg.name, tuple(self.ranks)),
-                                      {"calls": {}, "lock": threading.Lock()})
-        with shared["lock"]:
-            n = shared["calls"].get(self.rank(), 0) + 1
-            shared["calls"][self.rank()] = n
+        arrivals = st.shared_object(("monitored_barrier", self.cg.name, tuple(self.ranks)),
+                                    "Arrivals")
+        n = arrivals.arrive(self.rank())
         deadline = time.monotonic() + seconds
         delay = 2e-5
         while True:
-            with shared["lock"]:
-                missing = [r for r in range(self.size()) if shared["calls"].get(r, 0) < n]
+            missing = arrivals.missing(n, self.size())
             if not missing:
                 break
             if time.monotonic() >= deadline:
@@ -661,7 +642,7 @@ class ProcessGroup(_torch2.ProcessGroupBase):
             if batch.cw is not None:
                 st.p2p_batches.pop(id(ops), None)
             return w
-        fn = cocemu.isend if kind == "send" else cocemu.irecv
+        fn = self._api.isend if kind == "send" else self._api.irecv
         return self._work(fn(self.cg, arr, peer, tag), what, outputs, inputs=inputs)
 
     def send(self, tensors, dst, tag=0):
@@ -752,7 +733,7 @@ def _array(t, st, call, what, shape=None):
                         f"would leave it unchanged); create it on the device "
                         f"(device='cuda'/'npu' or torch.npu.current_device(), the meta device "
                         f"here)")
-        return cocemu.Tensor.shape_only(shape, name)
+        return st.api.Tensor.shape_only(shape, name)
     if t.device.type != "cpu":
         raise error(f"rank {st.id}: {call}: {what} is on {t.device}; cocemu.torch tensors are "
                     f"CPU tensors (meta with numerics=False); use torch.npu.current_device()")
@@ -777,9 +758,11 @@ def _op(op, st, call):
 def _create(options):
     """torch's init_process_group("cocemu") on a rank thread: the world group."""
     st = _state.current()
-    if st is None:
-        raise error("init_process_group('cocemu'): the cocemu backend runs on cocemu.torch.run's "
-                    "rank threads only (ct.run initialises it there)")
+    if st is None:  # a process of its own (torchrun): the rank connects to the run's hub
+        from . import _processes
+        st = _processes.attach_torchrun(options)
+    elif st.process is not None:
+        st.ended = False  # init_process_group again after destroy_process_group
     if options.group_size != st.world_size or options.group_rank != st.id:
         raise error(f"rank {st.id}: init_process_group('cocemu'): rank {options.group_rank} of "
                     f"world_size {options.group_size} given on rank {st.id}'s thread of a run of "

@@ -8,24 +8,35 @@ import cocemu
 _local = threading.local()
 
 
+_process = None  # a rank process's state (every thread of the process is the rank)
+
+
 def current():
-    """The calling rank thread's state, or None off rank threads."""
-    return getattr(_local, "state", None)
+    """The calling rank thread's state; in a rank process, the process's; else None."""
+    return getattr(_local, "state", _process)
 
 
 def set_current(state):
     _local.state = state
 
 
+def set_process(state):
+    """Makes `state` the rank of this process (ranks as processes), or None."""
+    global _process
+    _process = state
+
+
 class RankState:
-    def __init__(self, rank, numerics, checked, timeout_s, shared=None):
+    def __init__(self, rank, numerics, checked, timeout_s, shared=None, api=cocemu,
+                 profile=None):
         self.rank = rank
+        self.api = api              # cocemu's module; a rank process's hub connection
         self.id = rank.id
         self.world_size = rank.world_size
         self.numerics = numerics
         self.checked = checked
         self.timeout_s = timeout_s
-        self.profile = rank.profile
+        self.profile = rank.profile if profile is None else profile
         self.world = None           # the world ProcessGroup (cocemu.torch._dist)
         self.groups = {}            # ProcessGroup -> its world ranks (this rank's groups)
         self.c10d_world = None      # torch's process-group state for this rank (_torch2)
@@ -38,6 +49,17 @@ class RankState:
         self.gemm_cache = {}
         self.memory_cache = {}
         self.mode = None
+        self.process = None         # ranks as processes: the connection to the hub
+
+    def shared_object(self, key, kind):
+        """The run's object `kind` (cocemu.processes.shared) under `key`, one for all ranks."""
+        if self.process is not None:
+            return self.process.shared_object(key, kind)
+        from cocemu.processes import shared
+        return shared.get(self.shared, _shared_lock, key, kind)
+
+
+_shared_lock = threading.Lock()
 
 
 def error(message, code="invalid_argument"):

@@ -137,8 +137,15 @@ def register_backend(creator):
 
 
 def init_default_group(rank, world_size, store, timeout):
-    _dist.init_process_group(BACKEND, rank=rank, world_size=world_size, store=store,
-                             timeout=timeout)
+    """init_process_group("cocemu"); torch's prefixing of sys.excepthook with the rank (a
+    process-wide hook) is undone on rank threads, whose ranks share the process."""
+    hook = sys.excepthook
+    try:
+        _dist.init_process_group(BACKEND, rank=rank, world_size=world_size, store=store,
+                                 timeout=timeout)
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            sys.excepthook = hook
 
 
 def default_group():

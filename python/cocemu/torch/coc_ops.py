@@ -62,8 +62,7 @@ class CoCOperations:
 
     def _finish(self, st, call):
         if st.numerics:  # the host reads the outputs next: wait in wall time, record nothing
-            ev = st.rank.current_stream.record()
-            _state.wall_wait(ev.query, st, f"coc_ops.{call}")
+            st.api.wait_unmodeled(st.rank.current_stream.record())
 
     def _options(self, st):
         return dict(deterministic=st.rank.deterministic)
@@ -74,14 +73,14 @@ class CoCOperations:
         if not trans:  # cocemu's kernel reads the weight as [n, k]
             with _unmodeled(st):
                 w = input2.t().contiguous()
-        cocemu.matmul_all_reduce(g.cg, _arr(input1, st), _arr(w, st),
+        st.api.matmul_all_reduce(g.cg, _arr(input1, st), _arr(w, st),
                                  _arr(output, st, "output"), bias=b, **self._options(st))
         self._finish(st, "matmul_all_reduce")
         return output
 
     def matmul_reduce_scatter(self, input1, input2, output, bias=None):
         st, g, trans, n, b = self._prepare("matmul_reduce_scatter", input1, input2, output, bias)
-        cocemu.matmul_reduce_scatter(g.cg, _arr(input1, st), _arr(input2.contiguous(), st),
+        st.api.matmul_reduce_scatter(g.cg, _arr(input1, st), _arr(input2.contiguous(), st),
                                      _arr(output, st, "output"), trans_w=trans, bias=b,
                                      **self._options(st))
         self._finish(st, "matmul_reduce_scatter")
@@ -89,7 +88,7 @@ class CoCOperations:
 
     def all_gather_matmul(self, input1, input2, output, bias=None):
         st, g, trans, n, b = self._prepare("all_gather_matmul", input1, input2, output, bias)
-        cocemu.all_gather_matmul(g.cg, _arr(input1, st), _arr(input2.contiguous(), st),
+        st.api.all_gather_matmul(g.cg, _arr(input1, st), _arr(input2.contiguous(), st),
                                  _arr(output, st, "output"), trans_w=trans, bias=b,
                                  **self._options(st))
         self._finish(st, "all_gather_matmul")
@@ -97,7 +96,7 @@ class CoCOperations:
 
     def all_gather_matmul_v2(self, input1, input2, output, comm_output, bias=None):
         st, g, trans, n, b = self._prepare("all_gather_matmul_v2", input1, input2, output, bias)
-        cocemu.all_gather_matmul(g.cg, _arr(input1, st), _arr(input2.contiguous(), st),
+        st.api.all_gather_matmul(g.cg, _arr(input1, st), _arr(input2.contiguous(), st),
                                  _arr(output, st, "output"), trans_w=trans, bias=b,
                                  gathered=_arr(comm_output, st, "comm_output"),
                                  **self._options(st))

@@ -56,6 +56,10 @@ class Event {
   bool query() const;
   /// Blocks the host until then (bounded by the wait timeout). Modeled as a host-side wait.
   void synchronize() const;
+  /// Blocks the calling thread until `query()` is true, recording nothing: the ops' data is
+  /// there, the modeled host clock does not move (a host reading a tensor the model already
+  /// orders after the ops, or a rank process's hub waiting on its behalf).
+  void wait_unmodeled() const;
   bool valid() const { return stream_ != nullptr; }
   /// The recorded op this event completes with (invalid if the stream was empty).
   OpRef op() const { return op_; }

@@ -70,6 +70,7 @@ def test_processes_give_the_bits_and_nanoseconds_of_threads():
     for rank in range(WORLD):
         assert bitwise(procs.returns[rank], threads.returns[rank]), rank
     assert procs.ops_recorded == threads.ops_recorded
+    assert procs.peak_memory_bytes == threads.peak_memory_bytes
     assert len(procs.ops(0)) == len(threads.ops(0))
     # the ring really moved rows: ranks 2 and 3 (outside the subgroup) hold different ones
     assert not torch.equal(procs.returns[2][4], procs.returns[3][4])
@@ -276,3 +277,52 @@ def test_wait_unmodeled_waits_for_the_data_and_records_nothing():
     b = cocemu.run(4, lambda rank: body(rank, False))
     assert a.returns == b.returns == [10.0] * 4
     assert a.makespan_ns == b.makespan_ns and len(a.ops(0)) == len(b.ops(0))
+
+
+SHARED = {}
+
+
+def use_another_ranks_global_group():
+    g = dist.new_group([0, 1])
+    if dist.get_rank() == 1:
+        SHARED["tp"] = g  # a module global: on threads every rank reads the last writer's
+    dist.barrier()
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(2), group=SHARED["tp"])
+
+
+def test_on_threads_a_shared_global_group_is_an_error_naming_the_process_mode():
+    with pytest.raises(ValueError, match="not initialized in the world group map") as e:
+        ct.run(use_another_ranks_global_group, world_size=2)
+    notes = "\n".join(e.value.__notes__)
+    assert "module-level state" in notes and "processes=True" in notes
+
+
+def large_tensors():
+    """Tensors above the zero-copy size: their storages are shared with the hub, not copied;
+    new ones each step (freed storages are dropped by the hub), views of a shared storage, and a
+    bf16 reduce-scatter."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(r)
+    out = []
+    for step in range(3):
+        x = torch.randn(1 << 17, device="cuda")  # 512 KiB
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        g = torch.empty(n, 1 << 16, device="cuda")
+        dist.all_gather_into_tensor(g, x[: 1 << 16])
+        h = torch.empty(1 << 16, dtype=torch.bfloat16, device="cuda")
+        dist.reduce_scatter_tensor(h, g.to(torch.bfloat16).reshape(-1))
+        out.append((x[::4096].clone(), g[:, ::4096].clone(), h[::4096].clone()))
+    return out
+
+
+def test_large_tensors_shared_in_place_give_the_bits_of_threads():
+    from cocemu.processes import client
+    assert (1 << 17) * 4 >= client.SHARE_BYTES
+    threads = ct.run(large_tensors, world_size=WORLD)
+    procs = ct.run(large_tensors, world_size=WORLD, processes=True)
+    assert procs.makespan_ns == threads.makespan_ns
+    for a, b in zip(procs.returns, threads.returns):
+        for xa, xb in zip(a, b):
+            assert all(torch.equal(u, v) for u, v in zip(xa, xb))

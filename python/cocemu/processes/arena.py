@@ -1,10 +1,12 @@
 """A rank process's shared-memory arena: memfd segments the hub maps too.
 
-An array a rank passes to a collective is copied into the arena when the call is issued and its
-outputs are copied back when the hub reports the call complete (Work done, or the streams idle):
-torch owns the rank's tensors and allocates them wherever it likes, so the bytes cannot live in
-shared memory from the start; one copy in and one out keeps torch's allocator and semantics
-untouched. memfd segments have no name: they vanish with the last process that maps them, so no
+A small array a rank passes to a collective is copied into the arena when the call is issued and
+its outputs are copied back when the hub reports the call complete (Work done, or the streams
+idle): torch owns the rank's tensors and allocates them wherever it likes, and below a few hundred
+KiB one copy in and one out costs less than sharing the tensor's memory. A large tensor's storage
+is moved into shared memory once (torch's own `share_memory_`, an unlinked file passed by fd) and
+the hub then reads and writes it in place, with no copy, until torch frees it. memfd segments
+and torch's unlinked files have no name: they vanish with the last process that maps them, so no
 /dev/shm file outlives a run, even after SIGKILL.
 """
 import mmap
@@ -72,14 +74,28 @@ class Arena:
 
 
 class Mapped:
-    """The hub's side: a rank's segments, mapped from the fds it sent."""
+    """The hub's side: a rank's segments (its arena's and its shared torch storages), mapped
+    from the fds it sent."""
 
     def __init__(self):
         self.maps = {}
+        self.closing = []  # dropped segments an op still views: closed when it lets go
 
     def add(self, index, size, fd):
         self.maps[index] = mmap.mmap(fd, size)
         os.close(fd)
+
+    def drop(self, index):
+        m = self.maps.pop(index, None)
+        if m is not None:
+            self.closing.append(m)
+        still = []
+        for m in self.closing:
+            try:
+                m.close()
+            except BufferError:
+                still.append(m)
+        self.closing = still
 
     def view(self, seg, off, shape, dtype):
         return np.ndarray(shape, dtype=np.dtype(dtype), buffer=self.maps[seg], offset=off)

@@ -34,6 +34,8 @@ OUTPUTS = {
 ONEWAY = {"launch": None, "set_current_stream": None, "set_segment": None, "wait": None,
           "wait_stream": None}
 ONEWAY_RESULT = {("Work", "wait"): True}
+SHARE_BYTES = 256 << 10  # from this size a tensor's storage is shared, not copied
+STORAGE_BASE = 1 << 20       # segment numbers of shared storages (the arena's are below)
 
 
 class Remote:
@@ -145,6 +147,55 @@ class Connection:
         self.closed = None       # the error every call raises once the hub has ended the run
         self.api = Api(self)
         self.rank = None
+        self.storages = {}       # segment -> (start, end, alive()) of shared torch storages
+        self.next_storage = STORAGE_BASE
+        self.new_storages = []   # [(segment, size, fd)] not yet sent to the hub
+        self.dead = []           # freed storages not yet dropped by the hub
+        self.share_bytes = SHARE_BYTES
+
+    # --- shared storages ----------------------------------------------------------------------
+
+    def segment_of(self, start, nbytes):
+        """(segment, offset) of a live shared storage holding [start, start + nbytes), or None
+        (torch may put a new storage where a freed shared one was)."""
+        for seg, (s, e, alive) in list(self.storages.items()):
+            if s <= start and start + nbytes <= e:
+                if alive():
+                    return seg, start - s
+                del self.storages[seg]
+                self.dead.append(seg)
+        return None
+
+    def busy(self, start, end):
+        """True while a copied array of an unfinished call lies in [start, end)."""
+        for regions in self.pending.values():
+            for a, *_ in regions:
+                p = a.ctypes.data
+                if p < end and start < p + a.nbytes:
+                    return True
+        return False
+
+    def share(self, start, size, fd, alive):
+        """Registers a shared storage: [start, start + size) of this process, `fd` for the hub;
+        `alive()` turns False when torch frees it."""
+        seg = self.next_storage
+        self.next_storage += 1
+        self.storages[seg] = (start, start + size, alive)
+        self.new_storages.append((seg, size, fd))
+
+    def _segments(self):
+        """New segments to announce ([(index, size)], fds) and freed storages to drop."""
+        segs, fds = self.arena.take_new()
+        for seg, size, fd in self.new_storages:
+            segs.append((seg, size))
+            fds.append(fd)
+        self.new_storages = []
+        dropped, self.dead = self.dead, []
+        for seg, (_, _, alive) in list(self.storages.items()):
+            if not alive():
+                del self.storages[seg]
+                dropped.append(seg)
+        return segs, fds, dropped
 
     # --- calls --------------------------------------------------------------------------------
 
@@ -187,10 +238,10 @@ class Connection:
             oneway = args is not None and name in ONEWAY
             if oneway and hid == 0:
                 oneway = False
-            segs, fds = self.arena.take_new()
+            segs, fds, dropped = self._segments()
             released, self.released = self.released, []
-            wire.send(self.sock, ("call", hid, name, args, kwargs, token, oneway, released, segs),
-                      fds)
+            wire.send(self.sock, ("call", hid, name, args, kwargs, token, oneway, released, segs,
+                                  dropped), fds)
             if oneway:
                 proxy = self.proxies.get(hid)
                 return ONEWAY_RESULT.get((proxy._kind if proxy is not None else None, name))
@@ -248,6 +299,10 @@ class Connection:
         if not a.flags.c_contiguous:
             raise cocemu.Error(f"rank {self.rank_id}: an array {a.shape} {a.dtype} is not "
                                f"C-contiguous (cocemu takes contiguous arrays)")
+        if a.nbytes >= self.share_bytes:
+            where = self.segment_of(a.ctypes.data, a.nbytes)
+            if where is not None:  # in a shared storage: the hub works on it in place
+                return wire.Shm(where[0], where[1], a.shape, a.dtype.str)
         seg, off, n = self.arena.alloc(a.nbytes)
         if a.nbytes:
             self.arena.view(seg, off, a.shape, a.dtype)[...] = a

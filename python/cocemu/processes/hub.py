@@ -212,9 +212,11 @@ class _Server:
 
     def call(self, message, fds):
         c = self.c
-        _, hid, name, args, kwargs, token, oneway, released, segs = message
+        _, hid, name, args, kwargs, token, oneway, released, segs, dropped = message
         for (index, size), fd in zip(segs, fds):
             c.mapped.add(index, size, fd)
+        for index in dropped:
+            c.mapped.drop(index)
         # Before the call: a handle the call returns again gets a new number, never a dropped one
         # (the rank holds a proxy of every object its call names, the target included).
         for h in released:

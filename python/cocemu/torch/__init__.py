@@ -201,6 +201,13 @@ def _call(fn):
                        "(backend 'cocemu') on this rank thread; guard the call with `if not "
                        "torch.distributed.is_initialized():`, as code run under torchrun "
                        "usually does")
+        elif "is not initialized in the world group map" in str(e) and \
+                "cocemu.torch.ProcessGroup" in str(e):
+            e.add_note("cocemu.torch: the group was made on another rank thread: module-level "
+                       "state (Megatron's parallel_state, a global holding a group) is shared by "
+                       "every rank thread, so one rank's group reaches another; run the ranks as "
+                       "processes (cocemu.torch.run(..., processes=True), or torchrun with "
+                       "init_process_group('cocemu'))")
         raise
 
 

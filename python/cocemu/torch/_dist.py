@@ -706,8 +706,14 @@ def _group(group, st, call):
                     f"(new_group gave this rank GroupMember.NON_GROUP_MEMBER)")
     if isinstance(group, ProcessGroup) and group in st.groups:
         return group
+    hint = ""
+    if st.process is None and isinstance(group, ProcessGroup):
+        hint = (f"; on rank threads, module-level state (Megatron's parallel_state, a global "
+                f"holding a group) is shared by every rank, so one rank's group reaches another: "
+                f"run the ranks as processes (cocemu.torch.run(..., processes=True), or torchrun "
+                f"with init_process_group('cocemu'))")
     raise error(f"rank {st.id}: {call}: group {group!r} is not one of rank {st.id}'s cocemu "
-                f"groups (use None, the world, or what new_group returned on this rank)")
+                f"groups (use None, the world, or what new_group returned on this rank){hint}")
 
 
 def _array(t, st, call, what, shape=None):
@@ -738,6 +744,9 @@ def _array(t, st, call, what, shape=None):
         raise error(f"rank {st.id}: {call}: {what} is on {t.device}; cocemu.torch tensors are "
                     f"CPU tensors (meta with numerics=False); use torch.npu.current_device()")
     t = t.detach().reshape(shape)
+    if st.process is not None:  # a rank process: a large tensor's storage is shared, not copied
+        from . import _processes
+        _processes.share_storage(st, t)
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()

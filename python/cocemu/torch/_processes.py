@@ -44,6 +44,7 @@ def _connect(address, rank, world_size, config, timeout_s):
                             f"within {timeout_s:g} s", "timeout") from None
             time.sleep(0.01)
     conn = _client.Connection(sock, rank, timeout_s)
+    conn.share_bytes = config["share_bytes"]
     conn.hello(os.getpid(), config)
     return conn
 
@@ -58,6 +59,38 @@ def _attach(conn, numerics, checked, timeout_s, profile):
     _dist.install()
     torch.set_num_threads(1)  # as a rank thread: the same kernels, the same bits
     return st
+
+
+def share_storage(st, t):
+    """Moves a large tensor's storage into shared memory (torch's share_memory_, once per
+    storage) and tells the hub, which then works on it in place. Left to the copy path: small
+    tensors, and a storage with a copied array of an unfinished call in it (moving the storage
+    would strand that call's copy-back)."""
+    conn = st.process
+    nbytes = t.numel() * t.element_size()
+    if nbytes < conn.share_bytes or t.device.type != "cpu":
+        return
+    storage = t.untyped_storage()
+    start, size = storage.data_ptr(), storage.nbytes()
+    if conn.segment_of(start, size) is not None:
+        return
+    if conn.busy(start, start + size) or any(p[0] < start + size and start < p[1]
+                                             for p in st.pending):
+        return
+    try:
+        if not storage.is_shared():
+            st.recording += 1  # the move is the transport's, not the program's: not modeled
+            try:
+                t.share_memory_()  # torch moves the storage in place (its data pointer changes)
+            finally:
+                st.recording -= 1
+            storage = t.untyped_storage()
+        fd, size = storage._share_fd_cpu_()[:2]
+    except RuntimeError:  # shared some other way (a file name): copied instead
+        return
+    from torch.multiprocessing.reductions import StorageWeakRef
+    ref = StorageWeakRef(storage)
+    conn.share(storage.data_ptr(), size, fd, lambda: not ref.expired())
 
 
 # --- ct.run(processes=True) ----------------------------------------------------------------------
@@ -121,7 +154,7 @@ def run(fn, world_size, profile, deterministic, numerics, schedule_seed, timeout
                                        wait_for_workers=False)
     hub = _hub.Hub(world_size, timeout_s)
     config = dict(numerics=numerics, checked=checked, record=record, timeout_s=timeout_s,
-                  profile=profile, deterministic=deterministic)
+                  profile=profile, deterministic=deterministic, share_bytes=share_bytes())
     ctx = _fork_server()
     procs = {}
     try:
@@ -161,6 +194,21 @@ def _stop(procs, grace_s=1.0):
 
 # --- torchrun ------------------------------------------------------------------------------------
 
+def share_bytes():
+    """The size from which a tensor's storage is shared with the hub rather than copied:
+    COCEMU_SHARE_BYTES (an integer >= 0), else 256 KiB."""
+    v = os.environ.get("COCEMU_SHARE_BYTES")
+    if not v:
+        return _client.SHARE_BYTES
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise error(f"COCEMU_SHARE_BYTES = {v!r}: expected a number of bytes >= 0")
+    return n
+
+
 def _env_flag(name, default):
     v = os.environ.get(name)
     if v is None or v == "":
@@ -195,6 +243,7 @@ def attach_torchrun(options):
     s = settings_from_env()
     config = {k: s[k] for k in ("numerics", "checked", "record", "timeout_s", "profile",
                                 "deterministic")}
+    config["share_bytes"] = share_bytes()
     key = "cocemu/hub"
     if rank == 0:
         cmd = [sys.executable, "-m", "cocemu.processes", "--world-size", str(world_size),

@@ -8,12 +8,12 @@
 
 #include "cocemu/bench/layer_bench.h"
 #include "cocemu/bench/limits/estimate.h"
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
 #include "cocemu/runtime/trace.h"
+#include "cocemu/train/config.h"
 #include "commands.h"
 
 namespace cocemu::cli {

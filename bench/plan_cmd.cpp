@@ -5,11 +5,11 @@
 #include <filesystem>
 
 #include "cocemu/bench/limits/estimate.h"
-#include "cocemu/bench/plan/plan.h"
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/layers/model_config.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/plan.h"
 #include "commands.h"
 
 namespace cocemu::cli {

@@ -8,12 +8,12 @@
 #include <sstream>
 
 #include "cocemu/bench/limits/estimate.h"
-#include "cocemu/bench/plan/part_model.h"
-#include "cocemu/bench/train/step_model.h"
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/trace.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/part_model.h"
+#include "cocemu/train/step_model.h"
 #include "commands.h"
 
 namespace cocemu::cli {

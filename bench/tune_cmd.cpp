@@ -9,12 +9,12 @@
 #include <sstream>
 
 #include "cocemu/bench/sensitivity.h"
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/input_file.h"
 #include "cocemu/runtime/profile.h"
+#include "cocemu/train/config.h"
 #include "commands.h"
 
 namespace cocemu::cli {

@@ -3,9 +3,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "cocemu/bench/validate.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/input_file.h"
+#include "cocemu/train/validate.h"
 #include "commands.h"
 
 namespace cocemu::cli {

@@ -1,4 +1,4 @@
-# The installable package: headers, one shared library (libcocemu.so, the five libraries' objects;
+# The installable package: headers, one shared library (libcocemu.so, the six libraries' objects;
 # CMake target cocemu::cocemu), the `cocemu` CLI, the configs under <prefix>/share/cocemu, a CMake
 # package config and a pkg-config file. `cmake --install build --prefix P` (or
 # `./bootstrap.sh install P`) lays them out; installed programs and libraries find the configs
@@ -9,7 +9,8 @@
 # variant with its rpath, oneTBB) are its own, so their link line is `-lcocemu`.
 include(CMakePackageConfigHelpers)
 
-set(_cocemu_libs cocemu_runtime cocemu_collectives cocemu_attention cocemu_layers cocemu_bench)
+set(_cocemu_libs cocemu_runtime cocemu_collectives cocemu_attention cocemu_layers cocemu_train
+                 cocemu_bench)
 set(_cocemu_objects)
 foreach(lib IN LISTS _cocemu_libs)
   list(APPEND _cocemu_objects $<TARGET_OBJECTS:${lib}>)
@@ -20,7 +21,7 @@ set_target_properties(cocemu_shared PROPERTIES
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
   LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/lib)
 target_include_directories(cocemu_shared PUBLIC
-  "$<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/runtime/include;${PROJECT_SOURCE_DIR}/collectives/include;${PROJECT_SOURCE_DIR}/attention/include;${PROJECT_SOURCE_DIR}/layers/include;${PROJECT_SOURCE_DIR}/bench/include>"
+  "$<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/runtime/include;${PROJECT_SOURCE_DIR}/collectives/include;${PROJECT_SOURCE_DIR}/attention/include;${PROJECT_SOURCE_DIR}/layers/include;${PROJECT_SOURCE_DIR}/train/include;${PROJECT_SOURCE_DIR}/bench/include>"
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(cocemu_shared
   PUBLIC fmt::fmt Threads::Threads nlohmann_json::nlohmann_json
@@ -30,7 +31,7 @@ target_link_libraries(cocemu_shared
 target_compile_features(cocemu_shared INTERFACE cxx_std_20)
 add_library(cocemu::cocemu ALIAS cocemu_shared)
 
-foreach(module runtime collectives attention layers bench)
+foreach(module runtime collectives attention layers train bench)
   install(DIRECTORY ${module}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           PATTERN detail EXCLUDE)
 endforeach()

@@ -14,7 +14,7 @@
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
-#include "intervals.h"
+#include "cocemu/train/detail/intervals.h"
 
 namespace cocemu::bench {
 

@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "cocemu/collectives/plan.h"
+#include "cocemu/layers/detail/kernels.h"
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/symmetric.h"
-#include "kernels.h"
 
 namespace cocemu::layers {
 

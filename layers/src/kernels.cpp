@@ -1,4 +1,4 @@
-#include "kernels.h"
+#include "cocemu/layers/detail/kernels.h"
 
 #include <cmath>
 #include <cstring>

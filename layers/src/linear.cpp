@@ -5,10 +5,10 @@
 #include "cocemu/runtime/cost_model.h"
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/layers/detail/kernels.h"
+#include "cocemu/layers/detail/mappings.h"
 #include "cocemu/layers/fused_kernels.h"
 #include "cocemu/runtime/error.h"
-#include "kernels.h"
-#include "mappings.h"
 
 namespace cocemu::layers {
 

@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "cocemu/attention/local_attention.h"
+#include "cocemu/layers/detail/kernels.h"
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/error.h"
-#include "kernels.h"
 
 namespace cocemu::layers {
 

@@ -18,10 +18,10 @@
 
 #include "cocemu/bench/layer_bench.h"
 #include "cocemu/bench/tune.h"
-#include "cocemu/bench/validate.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/profile.h"
+#include "cocemu/train/validate.h"
 #include "testing.h"
 
 namespace cocemu::bench {

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <set>
 
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
+#include "cocemu/train/config.h"
 #include "testing.h"
 
 namespace cocemu::bench {

@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <string>
 
-#include "cocemu/bench/train/train_config.h"
-#include "cocemu/bench/validate.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/layers/model_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/npy.h"
 #include "cocemu/runtime/profile.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/validate.h"
 
 namespace {
 

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <map>
 
-#include "cocemu/bench/plan/part_model.h"
 #include "cocemu/layers/coc_config.h"
-#include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/profile.h"
+#include "cocemu/train/part_model.h"
+#include "cocemu/train/trainer.h"
 
 namespace cocemu::bench {
 namespace {

@@ -10,10 +10,10 @@
 #include <optional>
 #include <set>
 
-#include "cocemu/bench/plan/plan.h"
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/plan.h"
 #include "testing.h"
 
 namespace cocemu::bench {

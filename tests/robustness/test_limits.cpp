@@ -17,11 +17,11 @@
 #include "child_process.h"
 #include "cocemu/bench/layer_bench.h"
 #include "cocemu/bench/limits/estimate.h"
-#include "cocemu/bench/train/train_config.h"
-#include "cocemu/bench/train/train_report.h"
 #include "cocemu/layers/model_config.h"
 #include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/limits.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/report.h"
 #include "testing.h"
 
 namespace cocemu {

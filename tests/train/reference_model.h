@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cocemu/layers/train/trainer.h"
+#include "cocemu/train/trainer.h"
 
 namespace cocemu::layers::train::reference {
 

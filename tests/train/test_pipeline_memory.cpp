@@ -7,11 +7,11 @@
 #include <map>
 #include <tuple>
 
-#include "cocemu/bench/train/train_report.h"
-#include "cocemu/layers/train/buckets.h"
-#include "cocemu/layers/train/pipeline.h"
-#include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/train/buckets.h"
+#include "cocemu/train/pipeline.h"
+#include "cocemu/train/report.h"
+#include "cocemu/train/trainer.h"
 #include "testing.h"
 
 namespace cocemu::layers::train {

@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
-#include "cocemu/layers/train/trainer.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/train/trainer.h"
 
 namespace cocemu::layers::train {
 namespace {

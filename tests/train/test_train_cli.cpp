@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "cocemu/bench/train/step_model.h"
-#include "cocemu/bench/train/train_config.h"
-#include "cocemu/layers/train/layout.h"
-#include "cocemu/layers/train/trainer.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/layout.h"
+#include "cocemu/train/step_model.h"
+#include "cocemu/train/trainer.h"
 #include "testing.h"
 
 namespace cocemu::layers::train {

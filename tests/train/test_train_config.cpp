@@ -11,11 +11,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "cocemu/bench/train/train_config.h"
-#include "cocemu/bench/validate.h"
-#include "cocemu/layers/train/buckets.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/profile.h"
+#include "cocemu/train/buckets.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/validate.h"
 #include "testing.h"
 
 namespace cocemu::bench {

@@ -5,10 +5,10 @@
 #include <set>
 #include <tuple>
 
-#include "cocemu/bench/train/train_report.h"
 #include "cocemu/collectives/plan.h"
-#include "cocemu/layers/train/pipeline.h"
-#include "cocemu/layers/train/trainer.h"
+#include "cocemu/train/pipeline.h"
+#include "cocemu/train/report.h"
+#include "cocemu/train/trainer.h"
 
 namespace cocemu::bench {
 

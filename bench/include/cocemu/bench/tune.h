@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cocemu/bench/layer_bench.h"
-#include "cocemu/bench/train/train_report.h"
+#include "cocemu/train/report.h"
 
 namespace cocemu::bench {
 

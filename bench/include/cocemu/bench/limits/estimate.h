@@ -10,9 +10,9 @@
 #include <string>
 
 #include "cocemu/bench/layer_bench.h"
-#include "cocemu/bench/plan/plan.h"
-#include "cocemu/bench/train/train_config.h"
 #include "cocemu/runtime/limits.h"
+#include "cocemu/train/config.h"
+#include "cocemu/train/plan.h"
 
 namespace cocemu::bench {
 

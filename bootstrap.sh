@@ -91,7 +91,7 @@ case "${1:-}" in
     venv
     build build
     shift
-    ./build/bench/cocemu bench --json cocemu-bench-out/bench.json "$@"
+    ./build/cli/cocemu bench --json cocemu-bench-out/bench.json "$@"
     ;;
   test)
     deps

@@ -15,7 +15,7 @@ for p in openmpi-bin libopenmpi-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; apt-get update -qq;
     apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; break; }
 done
-[ -x build/bench/cocemu ] || bash ./bootstrap.sh deps && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j2 >/dev/null
+[ -x build/cli/cocemu ] || bash ./bootstrap.sh deps && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j2 >/dev/null
 out="$(mktemp -d)"
 gcc -O3 -march=native -fopenmp "$PEERS/src/stream.c" -o "$out/stream"
 mpicc -O3 -march=native "$PEERS/src/mpi_coll.c" -o "$out/mpi_coll"
@@ -27,7 +27,7 @@ for r in $(seq "$REPS"); do
   mpirun $ROOT --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader \
     --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -np 8 "$out/mpi_coll" 64 2>/dev/null |
     awk '$1 == "all_reduce" && $3 == 16777216 {print $9}' >> "$out/mpi16"
-  ./build/bench/cocemu collbench --ops all_reduce -b 4096 -e 67108864 -f 4 --json "$out/c.json" >/dev/null
+  ./build/cli/cocemu collbench --ops all_reduce -b 4096 -e 67108864 -f 4 --json "$out/c.json" >/dev/null
   # rows: out-of-place (as MPI measures); fields from the JSON written by collbench
   awk -v RS='{' '/"op": "all_reduce"/ && /"in_place": false/' "$out/c.json" |
     awk -v RS='{' '/"size_bytes": 4096,/ {match($0, /"wall_us": [0-9.e+-]+/); print substr($0, RSTART+11, RLENGTH-11)}' >> "$out/c4k"

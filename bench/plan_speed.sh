@@ -7,7 +7,7 @@
 # 2-thread / 1-thread ratio of the latter (of the medians, and over interleaved pairs of runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COCEMU=${COCEMU:-./build/bench/cocemu}
+COCEMU=${COCEMU:-./build/cli/cocemu}
 RUNS=${RUNS:-5}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 REPS="${1:-3}"
 PEERS="${PEERS:-../shared/peers}"
 [ -f "$PEERS/src/stream.c" ] || { echo "scale_peers: no $PEERS/src/stream.c" >&2; exit 2; }
-[ -x build/bench/cocemu ] || bash ./bootstrap.sh deps && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j2 >/dev/null
-declare -A bins=([this]="./build/bench/cocemu")
+[ -x build/cli/cocemu ] || bash ./bootstrap.sh deps && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j2 >/dev/null
+declare -A bins=([this]="./build/cli/cocemu")
 if [ -n "${BASELINE:-}" ]; then
   [ -x "$BASELINE" ] || { echo "scale_peers: BASELINE=$BASELINE is not an executable" >&2; exit 2; }
   bins[baseline]="$BASELINE"

@@ -4,7 +4,7 @@
 # wall time of each, median of RUNS (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COCEMU=${COCEMU:-./build/bench/cocemu}
+COCEMU=${COCEMU:-./build/cli/cocemu}
 RUNS=${RUNS:-3}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -689,7 +689,7 @@ def selftest(src: Path, cocemu: str) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[2], help="source tree")
-    ap.add_argument("--cocemu", default=None, help="the cocemu binary (default: SRC/build/bench/cocemu)")
+    ap.add_argument("--cocemu", default=None, help="the cocemu binary (default: SRC/build/cli/cocemu)")
     ap.add_argument("--build", type=Path, default=None, help="the build folder $COCEMU/build stands for")
     ap.add_argument("--index", action="store_true", help="also check README's size and the set of pages")
     ap.add_argument("--no-run", action="store_true", help="do not run the console blocks")
@@ -700,7 +700,7 @@ def main() -> int:
     a = ap.parse_args()
     src = a.src.resolve()
     build = a.build or src / "build"
-    cocemu = a.cocemu or str(build / "bench" / "cocemu")
+    cocemu = a.cocemu or str(build / "cli" / "cocemu")
     if not os.access(cocemu, os.X_OK):
         print(f"check_docs: no cocemu binary at {cocemu} (build it, or pass --cocemu)")
         return 2

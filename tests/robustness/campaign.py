@@ -350,7 +350,7 @@ def main():
         print(__doc__)
         return 2
     build = sys.argv[1]
-    cocemu = os.path.join(build, "bench/cocemu")
+    cocemu = os.path.join(build, "cli/cocemu")
     child = os.path.join(build, "tests/limits_child")
     source = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     global VERBOSE

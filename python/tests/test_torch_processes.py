@@ -326,3 +326,22 @@ def test_large_tensors_shared_in_place_give_the_bits_of_threads():
     for a, b in zip(procs.returns, threads.returns):
         for xa, xb in zip(a, b):
             assert all(torch.equal(u, v) for u, v in zip(xa, xb))
+
+
+def pipelined_error():
+    from cocemu.torch import _state
+    st = _state.current()
+    x = torch.ones(4).numpy()
+    w = st.api.all_reduce(st.rank.world, x, op="bogus", async_op=True)  # sent without waiting
+    try:
+        st.api.wait_unmodeled(w)
+    except cocemu.Error as e:
+        return str(e), "\n".join(getattr(e, "__notes__", []))
+    return None
+
+
+def test_an_error_of_a_call_sent_without_waiting_comes_with_the_next_call():
+    r = ct.run(pipelined_error, world_size=2, processes=True)
+    for message, notes in r.returns:
+        assert "bogus" in message
+        assert "earlier call all_reduce" in notes

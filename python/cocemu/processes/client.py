@@ -34,6 +34,13 @@ OUTPUTS = {
 ONEWAY = {"launch": None, "set_current_stream": None, "set_segment": None, "wait": None,
           "wait_stream": None}
 ONEWAY_RESULT = {("Work", "wait"): True}
+# Collectives issued with async_op=True (and p2p): sent without waiting; the rank names the Work
+# they return itself (a negative handle), so a synchronous torch call costs one round trip (its
+# wait). An error they raise is reported by the next call, with the collective's name.
+PIPELINED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                       "reduce", "gather", "scatter", "barrier", "isend", "irecv",
+                       "batch_isend_irecv"})
+ALWAYS_WORK = frozenset({"isend", "irecv", "batch_isend_irecv"})
 SHARE_BYTES = 256 << 10  # from this size a tensor's storage is shared, not copied
 STORAGE_BASE = 1 << 20       # segment numbers of shared storages (the arena's are below)
 
@@ -152,6 +159,7 @@ class Connection:
         self.new_storages = []   # [(segment, size, fd)] not yet sent to the hub
         self.dead = []           # freed storages not yet dropped by the hub
         self.share_bytes = SHARE_BYTES
+        self.local = 0           # the last handle this rank gave a pipelined call's Work
 
     # --- shared storages ----------------------------------------------------------------------
 
@@ -238,10 +246,19 @@ class Connection:
             oneway = args is not None and name in ONEWAY
             if oneway and hid == 0:
                 oneway = False
+            result = 0
+            if hid == 0 and name in PIPELINED and (name in ALWAYS_WORK or
+                                                   (kwargs or {}).get("async_op") is True):
+                self.local -= 1
+                result = self.local
+                oneway = True
             segs, fds, dropped = self._segments()
             released, self.released = self.released, []
             wire.send(self.sock, ("call", hid, name, args, kwargs, token, oneway, released, segs,
-                                  dropped), fds)
+                                  dropped, result), fds)
+            if result:
+                p = self.proxies[result] = Remote(self, result, "Work")
+                return p
             if oneway:
                 proxy = self.proxies.get(hid)
                 return ONEWAY_RESULT.get((proxy._kind if proxy is not None else None, name))
@@ -265,12 +282,7 @@ class Connection:
             import traceback
             text = "".join(traceback.format_exception(exc))
             try:
-                wire.send(self.sock, ("fail", exc, text))
-            except Exception:  # an exception pickle cannot carry: its type name and text
-                try:
-                    wire.send(self.sock, ("fail", None, text))
-                except OSError:
-                    return
+                wire.send(self.sock, ("fail", wire.portable(exc), text))
             except OSError:
                 return
             try:
@@ -342,8 +354,7 @@ class Connection:
             self._copy_back(token)
         if kind == "ok":
             return message[1]
-        exc = message[1]
-        raise exc
+        raise wire.restore(message[1])
 
     def _copy_back(self, token):
         for a, seg, off, n, is_output in self.pending.pop(token, ()):

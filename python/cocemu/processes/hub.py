@@ -189,6 +189,7 @@ class _Server:
             elif kind == "fail":
                 _, exc, text = message
                 wire.send(c.sock, ("ok", None, []))
+                exc = wire.restore(exc)
                 if not isinstance(exc, BaseException):
                     exc = RuntimeError(text)
                 try:
@@ -212,7 +213,7 @@ class _Server:
 
     def call(self, message, fds):
         c = self.c
-        _, hid, name, args, kwargs, token, oneway, released, segs, dropped = message
+        _, hid, name, args, kwargs, token, oneway, released, segs, dropped, result = message
         for (index, size), fd in zip(segs, fds):
             c.mapped.add(index, size, fd)
         for index in dropped:
@@ -238,6 +239,9 @@ class _Server:
             else:
                 value = getattr(target, name)(*self.decode(args),
                                               **(self.decode(kwargs) if kwargs else {}))
+            if result:  # the rank named the Work this call returns
+                self.handles[result] = value
+                self.index[id(value)] = result
             if token:
                 if isinstance(value, cocemu.Work):
                     self.tracked[token] = value
@@ -249,6 +253,11 @@ class _Server:
             if token:
                 done.append(token)
             if oneway:
+                try:
+                    e.add_note(f"(raised by rank {c.rank}'s earlier call {name}, reported at "
+                               f"its next call)")
+                except AttributeError:
+                    pass
                 c.deferred = e
                 self.finished.extend(done)
                 return
@@ -257,17 +266,13 @@ class _Server:
                     if not isinstance(e, cocemu.Error) else None
             except AttributeError:
                 pass
-            reply = ("err", e)
+            reply = ("err", wire.portable(e))
         if oneway:  # no answer: what completed is reported with the next one
             self.finished.extend(done)
             return
         done = self.finished + done + self.done()
         self.finished = []
-        try:
-            wire.send(c.sock, reply + (done,))
-        except (TypeError, AttributeError, ValueError) as e:  # an exception pickle cannot carry
-            wire.send(c.sock, ("err", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"
-                                                   f" ({e})"), done))
+        wire.send(c.sock, reply + (done,))
 
     def done(self):
         finished = [t for t, w in self.tracked.items() if w.is_completed()]

@@ -54,6 +54,47 @@ class IsMethod:
         return (IsMethod, ())
 
 
+class ErrorInfo:
+    """A cocemu.Error crossing the socket (its C++ payload does not pickle): message, code, rank
+    and notes, made a cocemu.Error again on the other side."""
+    __slots__ = ("message", "code", "rank", "notes")
+
+    def __init__(self, message, code, rank, notes):
+        self.message, self.code, self.rank, self.notes = message, code, rank, notes
+
+    def __reduce__(self):
+        return (ErrorInfo, (self.message, self.code, self.rank, self.notes))
+
+    def error(self):
+        import cocemu
+        e = cocemu.Error(self.message)
+        e.code, e.rank = self.code, self.rank
+        for n in self.notes:
+            e.add_note(n)
+        return e
+
+
+def portable(exc):
+    """`exc` as something pickle carries: a cocemu.Error as ErrorInfo, an exception pickle
+    cannot carry as a RuntimeError naming its type."""
+    import cocemu
+    if isinstance(exc, cocemu.Error):
+        return ErrorInfo(str(exc), getattr(exc, "code", None), getattr(exc, "rank", None),
+                         list(getattr(exc, "__notes__", ())))
+    try:
+        pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        return exc
+    except Exception:
+        e = RuntimeError(f"{type(exc).__name__}: {exc}")
+        for n in getattr(exc, "__notes__", ()):
+            e.add_note(n)
+        return e
+
+
+def restore(exc):
+    return exc.error() if isinstance(exc, ErrorInfo) else exc
+
+
 class Closed(ConnectionError):
     """The peer closed the connection (its process ended)."""
 

@@ -308,7 +308,7 @@ def test_the_cli_stops_on_a_signal_and_says_where_each_rank_was(sig, status):
 
     from conftest import build_dir
 
-    cli = os.path.join(build_dir(), "bench", "cocemu")
+    cli = os.path.join(build_dir(), "cli", "cocemu")
     # About 8 s of 4 KiB all_reduce calls on 8 ranks.
     p = subprocess.Popen([cli, "collbench", "-n", "8", "--ops", "all_reduce", "-b", "4096",
                           "-e", "4096", "--samples", "1000", "-w", "100000"],

@@ -110,6 +110,11 @@ ModeledCollective model_collective(const DeviceProfile& p, CollOp op,
 
 ModeledCollective model_plan(const DeviceProfile& p, PlanRequest req, DType dtype,
                              std::uint64_t size_bytes, const std::vector<int>& world_ranks) {
+  COCEMU_CHECK_ARG(req.n >= 1, "{}: the group has {} ranks; it needs at least 1", to_string(req.op),
+                   req.n);
+  COCEMU_CHECK_ARG(req.root >= 0 && req.root < req.n,
+                   "{}: root {} is out of range; allowed 0..{} (group ranks)", to_string(req.op),
+                   req.root, req.n - 1);
   const auto modeled = [&](Algorithm a) {
     req.algorithm = a;
     ModeledCollective m{build_plan(req), {}};

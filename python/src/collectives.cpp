@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
+#include <utility>
 
 #include "cocemu/collectives/group.h"
 #include "cocemu/collectives/ops.h"
@@ -28,14 +30,49 @@ struct MeshHandle {
   int tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;
 };
 
+/// A group rank (root, src, dst): an integer, not a bool, in 0..size-1.
+int group_rank(py::handle value, const Group& group, const char* call, const char* name) {
+  return int(int_arg(value, call, name, 0, group.size() - 1));
+}
+
+/// A point-to-point tag: an integer, not a bool, in int's range.
+int tag_arg(py::handle value, const char* call) {
+  return int(int_arg(value, call, "tag", std::numeric_limits<int>::min(),
+                     std::numeric_limits<int>::max()));
+}
+
+/// A collective algorithm by name ('auto', 'ring', ...).
+Algorithm algorithm_arg(py::handle algo) {
+  COCEMU_CHECK_ARG(py::isinstance<py::str>(algo),
+                   "algo = {} ({}) is not an algorithm name; allowed 'auto', 'ring', 'direct', "
+                   "'hierarchical', 'tree'",
+                   repr_of(algo), Py_TYPE(algo.ptr())->tp_name);
+  return parse_algorithm(algo.cast<std::string>());
+}
+
+/// all_to_all's split sizes: None, or a list of integers (their sums and signs are all_to_all's
+/// to check, with the group's context).
+std::optional<std::vector<std::int64_t>> splits_arg(py::handle splits, const char* name) {
+  if (splits.is_none()) return std::nullopt;
+  COCEMU_CHECK_ARG(py::isinstance<py::sequence>(splits) && !py::isinstance<py::str>(splits),
+                   "all_to_all: {} = {} ({}) is not a list of row counts", name, repr_of(splits),
+                   Py_TYPE(splits.ptr())->tp_name);
+  std::vector<std::int64_t> out;
+  for (py::handle x : splits)
+    out.push_back(int_arg(x, "all_to_all", name, std::numeric_limits<std::int64_t>::min(),
+                          std::numeric_limits<std::int64_t>::max()));
+  return out;
+}
+
 ReduceOp reduce_op_arg(py::handle op) {
   if (op.is_none()) return ReduceOp::sum;
   if (py::isinstance<ReduceOp>(op)) return op.cast<ReduceOp>();
   COCEMU_CHECK_ARG(py::isinstance<py::str>(op),
-                   "op must be a cocemu.ReduceOp or one of 'sum', 'avg', 'max', 'min', 'prod', "
-                   "got {}",
-                   Py_TYPE(op.ptr())->tp_name);
-  std::string s = op.cast<std::string>();
+                   "op = {} ({}) is not a reduce op; allowed a cocemu.ReduceOp or one of 'sum', "
+                   "'avg', 'max', 'min', 'prod'",
+                   repr_of(op), Py_TYPE(op.ptr())->tp_name);
+  const std::string given = op.cast<std::string>();
+  std::string s = given;
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   if (s == "sum") return ReduceOp::sum;
   if (s == "avg") return ReduceOp::avg;
@@ -43,7 +80,7 @@ ReduceOp reduce_op_arg(py::handle op) {
   if (s == "min") return ReduceOp::min;
   if (s == "prod" || s == "product") return ReduceOp::prod;
   COCEMU_FAIL(Errc::invalid_argument,
-              "reduce op '{}' is unknown; allowed: sum, avg, max, min, prod", s);
+              "reduce op '{}' is unknown; allowed: sum, avg, max, min, prod", given);
 }
 
 CollectiveOptions options(py::handle op, bool async_op, py::handle algo,
@@ -51,10 +88,18 @@ CollectiveOptions options(py::handle op, bool async_op, py::handle algo,
   CollectiveOptions o;
   o.op = reduce_op_arg(op);
   o.async_op = async_op;
-  if (!algo.is_none()) o.algo = parse_algorithm(algo.cast<std::string>());
+  if (!algo.is_none()) o.algo = algorithm_arg(algo);
   o.deterministic = deterministic;
   o.label = label;
   return o;
+}
+
+/// async_op and deterministic: bools (or None for deterministic), not 0, 1 or a string.
+std::pair<bool, std::optional<bool>> collective_flags(py::handle async_op, py::handle det,
+                                                      const char* call) {
+  const bool a = bool_arg(async_op, call, "async_op");
+  if (det.is_none()) return {a, std::nullopt};
+  return {a, bool_arg(det, call, "deterministic")};
 }
 
 /// The Python result of a collective: a Work with async_op, else None (as torch.distributed).
@@ -86,11 +131,19 @@ P2POp p2p_op(py::handle item) {
     peer = seq[2];
     tag = seq.size() == 4 ? py::object(seq[3]) : py::object(py::int_(0));
   } else {
+    COCEMU_CHECK_ARG(py::hasattr(item, "kind") && py::hasattr(item, "tensor") &&
+                         py::hasattr(item, "peer") && py::hasattr(item, "tag"),
+                     "batch_isend_irecv: an op is a cocemu.P2POp or a (kind, tensor, peer[, tag]) "
+                     "tuple, got {} ({})",
+                     repr_of(item), Py_TYPE(item.ptr())->tp_name);
     kind = item.attr("kind");
     tensor = item.attr("tensor");
     peer = item.attr("peer");
     tag = item.attr("tag");
   }
+  COCEMU_CHECK_ARG(py::isinstance<py::str>(kind),
+                   "batch_isend_irecv: op kind {} is unknown; allowed: 'send', 'recv'",
+                   repr_of(kind));
   const std::string k = kind.cast<std::string>();
   COCEMU_CHECK_ARG(k == "send" || k == "recv",
                    "batch_isend_irecv: op kind '{}' is unknown; allowed: send, recv", k);
@@ -98,8 +151,9 @@ P2POp p2p_op(py::handle item) {
   op.kind = k == "send" ? P2POp::send : P2POp::recv;
   op.tensor = k == "send" ? read(tensor, "batch_isend_irecv send tensor")
                           : write(tensor, "batch_isend_irecv recv tensor");
-  op.peer = peer.cast<int>();
-  op.tag = tag.cast<int>();
+  op.peer = int(int_arg(peer, "batch_isend_irecv", "peer", std::numeric_limits<int>::min(),
+                        std::numeric_limits<int>::max()));
+  op.tag = tag_arg(tag, "batch_isend_irecv");
   return op;
 }
 
@@ -118,25 +172,37 @@ CollOp coll_op_arg(const std::string& s) {
               s);
 }
 
+/// The largest group collective_ns prices, as `cocemu collbench --dry-run` (a plan holds every
+/// rank's steps: its size grows with the square of the group).
+constexpr std::int64_t kMaxModeledRanks = 1024;
+
 /// What enqueue charges a call (ops.cpp's count and size per op), without running it. `numel`
 /// is the element count of the tensor torch.distributed takes: the tensor of all_reduce,
 /// broadcast and reduce, the output of reduce_scatter and scatter, the input of all_gather and
 /// gather, the whole input of all_to_all.
-ModeledCollective price_collective(py::handle profile, const std::string& op, py::handle ranks,
-                                   std::int64_t numel, py::handle dtype, py::handle algo,
-                                   bool deterministic, int root) {
+ModeledCollective price_collective(py::handle profile, py::handle op_, py::handle ranks,
+                                   py::handle numel_, py::handle dtype, py::handle algo,
+                                   bool deterministic, py::handle root) {
   std::vector<int> world;
-  if (py::isinstance<py::int_>(ranks)) {
-    const int n = ranks.cast<int>();
-    COCEMU_CHECK_ARG(n >= 1, "collective_ns: ranks = {} must be >= 1", n);
+  if (PyIndex_Check(ranks.ptr())) {  // a group size (a bool is refused by int_arg)
+    const auto n = int(int_arg(ranks, "collective_ns", "ranks", 1, kMaxModeledRanks));
     for (int r = 0; r < n; ++r)
       world.push_back(r);
   } else {
-    world = ranks.cast<std::vector<int>>();
+    COCEMU_CHECK_ARG(py::isinstance<py::sequence>(ranks) && !py::isinstance<py::str>(ranks),
+                     "collective_ns: ranks = {} ({}) is neither a group size nor a list of world "
+                     "ranks",
+                     repr_of(ranks), Py_TYPE(ranks.ptr())->tp_name);
+    for (py::handle r : ranks)
+      world.push_back(int(int_arg(r, "collective_ns", "a world rank", 0, kMaxModeledRanks - 1)));
     COCEMU_CHECK_ARG(!world.empty(), "collective_ns: the group has no ranks");
+    COCEMU_CHECK_ARG(std::int64_t(world.size()) <= kMaxModeledRanks,
+                     "collective_ns: the group has {} ranks; allowed 1..{}", world.size(),
+                     kMaxModeledRanks);
   }
-  COCEMU_CHECK_ARG(numel >= 0, "collective_ns: numel = {} must be >= 0", numel);
-  const CollOp c = coll_op_arg(op);
+  const std::int64_t numel =
+      int_arg(numel_, "collective_ns", "numel", 0, std::numeric_limits<std::int64_t>::max() / 16);
+  const CollOp c = coll_op_arg(str_arg(op_, "collective_ns", "op"));
   const DType t = dtype_arg(dtype);
   const auto n = std::int64_t(world.size());
   const std::uint64_t e = size_of(t);
@@ -159,9 +225,10 @@ ModeledCollective price_collective(py::handle profile, const std::string& op, py
     default:
       break;
   }
-  const Algorithm a =
-      algo.is_none() ? Algorithm::automatic : parse_algorithm(algo.cast<std::string>());
-  return model_collective(*profile_arg(profile), c, world, count, t, bytes, a, deterministic, root);
+  const Algorithm a = algo.is_none() ? Algorithm::automatic : algorithm_arg(algo);
+  const auto root_rank = int(int_arg(root, "collective_ns", "root", 0, n - 1));
+  return model_collective(*profile_arg(profile), c, world, count, t, bytes, a, deterministic,
+                          root_rank);
 }
 
 }  // namespace
@@ -243,8 +310,8 @@ void bind_collectives(py::module_& m, Classes& classes) {
 
   m.def(
       "collective_ns",
-      [](py::handle profile, const std::string& op, py::handle ranks, std::int64_t numel,
-         py::handle dtype, py::handle algo, bool deterministic, int root) {
+      [](py::handle profile, py::handle op, py::handle ranks, py::handle numel, py::handle dtype,
+         py::handle algo, bool deterministic, py::handle root) {
         return price_collective(profile, op, ranks, numel, dtype, algo, deterministic, root)
             .cost.total_ns;
       },
@@ -258,8 +325,16 @@ void bind_collectives(py::module_& m, Classes& classes) {
   // Groups -----------------------------------------------------------------------------------
   m.def(
       "new_group",
-      [](RankHandle& h, const std::vector<int>& ranks, const std::string& name) {
+      [](RankHandle& h, py::handle ranks_, py::handle name_) {
         Rank& r = h.host("new_group");
+        COCEMU_CHECK_ARG(py::isinstance<py::sequence>(ranks_) && !py::isinstance<py::str>(ranks_),
+                         "new_group: ranks = {} ({}) is not a list of world ranks", repr_of(ranks_),
+                         Py_TYPE(ranks_.ptr())->tp_name);
+        std::vector<int> ranks;
+        for (py::handle x : ranks_)  // the range (0..world size - 1) is new_group's to name
+          ranks.push_back(int(int_arg(x, "new_group", "a rank", std::numeric_limits<int>::min(),
+                                      std::numeric_limits<int>::max())));
+        const std::string name = str_arg(name_, "new_group", "name");
         Group g;
         {
           py::gil_scoped_release nogil;
@@ -272,8 +347,12 @@ void bind_collectives(py::module_& m, Classes& classes) {
       "list; non-members get a handle with is_member False.");
   m.def(
       "split",
-      [](GroupHandle& parent, int color, int key) {
+      [](GroupHandle& parent, py::handle color_, py::handle key_) {
         Group& p = parent.host("split");
+        constexpr std::int64_t lo = std::numeric_limits<int>::min(),
+                               hi = std::numeric_limits<int>::max();
+        const auto color = int(int_arg(color_, "split", "color", lo, hi));
+        const auto key = int(int_arg(key_, "split", "key", lo, hi));
         Group g;
         {
           py::gil_scoped_release nogil;
@@ -295,8 +374,13 @@ void bind_collectives(py::module_& m, Classes& classes) {
       .def_readonly("pp_rank", &MeshHandle::pp_rank);
   m.def(
       "make_mesh",
-      [](RankHandle& h, int tp, int cp, int dp, int pp) {
+      [](RankHandle& h, py::handle tp_, py::handle cp_, py::handle dp_, py::handle pp_) {
         Rank& r = h.host("make_mesh");
+        const auto dim = [&](py::handle v, const char* name) {
+          return int(int_arg(v, "make_mesh", name, 1, r.world_size()));
+        };
+        const int tp = dim(tp_, "tp"), cp = dim(cp_, "cp"), dp = dim(dp_, "dp"),
+                  pp = dim(pp_, "pp");
         Mesh mesh;
         {
           py::gil_scoped_release nogil;
@@ -313,10 +397,12 @@ void bind_collectives(py::module_& m, Classes& classes) {
   // Collectives ------------------------------------------------------------------------------
   m.def(
       "all_reduce",
-      [](GroupHandle& g, py::handle tensor, py::handle output, py::handle op, bool async_op,
-         py::handle algo, std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle tensor, py::handle output, py::handle op, py::handle async_op_,
+         py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("all_reduce");
-        const CollectiveOptions o = options(op, async_op, algo, det, label);
+        const auto [async_op, det] = collective_flags(async_op_, det_, "all_reduce");
+        const CollectiveOptions o =
+            options(op, async_op, algo, det, str_arg(label, "collective", "label"));
         if (output.is_none())
           return result(g, all_reduce(group, write(tensor, "all_reduce tensor"), o), async_op);
         return result(g,
@@ -328,88 +414,104 @@ void bind_collectives(py::module_& m, Classes& classes) {
       "In place (or into `output`): every rank's tensor becomes the reduction over the group.");
   m.def(
       "reduce_scatter",
-      [](GroupHandle& g, py::handle output, py::handle input, py::handle op, bool async_op,
-         py::handle algo, std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle output, py::handle input, py::handle op, py::handle async_op_,
+         py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("reduce_scatter");
-        return result(g,
-                      reduce_scatter(group, write(output, "reduce_scatter output"),
-                                     read(input, "reduce_scatter input"),
-                                     options(op, async_op, algo, det, label)),
-                      async_op);
+        const auto [async_op, det] = collective_flags(async_op_, det_, "reduce_scatter");
+        return result(
+            g,
+            reduce_scatter(group, write(output, "reduce_scatter output"),
+                           read(input, "reduce_scatter input"),
+                           options(op, async_op, algo, det, str_arg(label, "collective", "label"))),
+            async_op);
       },
       "group"_a, "output"_a, "input"_a, COCEMU_COLLECTIVE_KWARGS,
       "input has n·k elements, output k: rank r gets the reduction of block r of every input.");
   m.def(
       "all_gather",
-      [](GroupHandle& g, py::handle output, py::handle input, py::handle op, bool async_op,
-         py::handle algo, std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle output, py::handle input, py::handle op, py::handle async_op_,
+         py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("all_gather");
+        const auto [async_op, det] = collective_flags(async_op_, det_, "all_gather");
         return result(
             g,
             all_gather(group, write(output, "all_gather output"), read(input, "all_gather input"),
-                       options(op, async_op, algo, det, label)),
+                       options(op, async_op, algo, det, str_arg(label, "collective", "label"))),
             async_op);
       },
       "group"_a, "output"_a, "input"_a, COCEMU_COLLECTIVE_KWARGS,
       "input has k elements, output n·k: block r of every output is rank r's input.");
   m.def(
       "broadcast",
-      [](GroupHandle& g, py::handle tensor, int root, py::handle op, bool async_op, py::handle algo,
-         std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle tensor, py::handle root, py::handle op, py::handle async_op_,
+         py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("broadcast");
-        return result(g,
-                      broadcast(group, write(tensor, "broadcast tensor"), root,
-                                options(op, async_op, algo, det, label)),
-                      async_op);
+        const auto [async_op, det] = collective_flags(async_op_, det_, "broadcast");
+        return result(
+            g,
+            broadcast(group, write(tensor, "broadcast tensor"),
+                      group_rank(root, group, "broadcast", "root"),
+                      options(op, async_op, algo, det, str_arg(label, "collective", "label"))),
+            async_op);
       },
       "group"_a, "tensor"_a, "root"_a, COCEMU_COLLECTIVE_KWARGS,
       "In place: every rank's tensor becomes the root's (root is a group rank).");
   m.def(
       "reduce",
-      [](GroupHandle& g, py::handle tensor, int root, py::handle op, bool async_op, py::handle algo,
-         std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle tensor, py::handle root, py::handle op, py::handle async_op_,
+         py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("reduce");
-        return result(g,
-                      reduce(group, write(tensor, "reduce tensor"), root,
-                             options(op, async_op, algo, det, label)),
-                      async_op);
+        const auto [async_op, det] = collective_flags(async_op_, det_, "reduce");
+        return result(
+            g,
+            reduce(group, write(tensor, "reduce tensor"), group_rank(root, group, "reduce", "root"),
+                   options(op, async_op, algo, det, str_arg(label, "collective", "label"))),
+            async_op);
       },
       "group"_a, "tensor"_a, "root"_a, COCEMU_COLLECTIVE_KWARGS,
       "The root's tensor becomes the reduction; other ranks' are left unchanged.");
   m.def(
       "gather",
-      [](GroupHandle& g, py::handle output, py::handle input, int root, py::handle op,
-         bool async_op, py::handle algo, std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle output, py::handle input, py::handle root, py::handle op,
+         py::handle async_op_, py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("gather");
+        const auto [async_op, det] = collective_flags(async_op_, det_, "gather");
         return result(
             g,
             gather(group, optional_tensor_arg(output, "gather output", Access::write),
-                   read(input, "gather input"), root, options(op, async_op, algo, det, label)),
+                   read(input, "gather input"), group_rank(root, group, "gather", "root"),
+                   options(op, async_op, algo, det, str_arg(label, "collective", "label"))),
             async_op);
       },
       "group"_a, "output"_a, "input"_a, "root"_a, COCEMU_COLLECTIVE_KWARGS,
       "The root's output (n·k elements; None elsewhere) gets every rank's input (k).");
   m.def(
       "scatter",
-      [](GroupHandle& g, py::handle output, py::handle input, int root, py::handle op,
-         bool async_op, py::handle algo, std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle output, py::handle input, py::handle root, py::handle op,
+         py::handle async_op_, py::handle algo, py::handle det_, py::handle label) {
         Group& group = g.host("scatter");
-        return result(g,
-                      scatter(group, write(output, "scatter output"),
-                              optional_tensor_arg(input, "scatter input", Access::read), root,
-                              options(op, async_op, algo, det, label)),
-                      async_op);
+        const auto [async_op, det] = collective_flags(async_op_, det_, "scatter");
+        return result(
+            g,
+            scatter(group, write(output, "scatter output"),
+                    optional_tensor_arg(input, "scatter input", Access::read),
+                    group_rank(root, group, "scatter", "root"),
+                    options(op, async_op, algo, det, str_arg(label, "collective", "label"))),
+            async_op);
       },
       "group"_a, "output"_a, "input"_a, "root"_a, COCEMU_COLLECTIVE_KWARGS,
       "Rank r's output (k elements) gets block r of the root's input (n·k; None elsewhere).");
   m.def(
       "all_to_all",
-      [](GroupHandle& g, py::handle output, py::handle input,
-         std::optional<std::vector<std::int64_t>> output_splits,
-         std::optional<std::vector<std::int64_t>> input_splits, py::handle op, bool async_op,
-         py::handle algo, std::optional<bool> det, const std::string& label) {
+      [](GroupHandle& g, py::handle output, py::handle input, py::handle output_splits_,
+         py::handle input_splits_, py::handle op, py::handle async_op_, py::handle algo,
+         py::handle det_, py::handle label) {
         Group& group = g.host("all_to_all");
-        const CollectiveOptions o = options(op, async_op, algo, det, label);
+        const auto output_splits = splits_arg(output_splits_, "output_splits"),
+                   input_splits = splits_arg(input_splits_, "input_splits");
+        const auto [async_op, det] = collective_flags(async_op_, det_, "all_to_all");
+        const CollectiveOptions o =
+            options(op, async_op, algo, det, str_arg(label, "collective", "label"));
         const Tensor out = write(output, "all_to_all output"), in = read(input, "all_to_all input");
         COCEMU_CHECK_ARG(output_splits.has_value() == input_splits.has_value(),
                          "all_to_all: give both output_splits and input_splits, or neither");
@@ -421,7 +523,8 @@ void bind_collectives(py::module_& m, Classes& classes) {
       "Equal splits, or explicit ones in rows of dimension 0 (torch's all_to_all_single).");
   m.def(
       "barrier",
-      [](GroupHandle& g, bool async_op) -> py::object {
+      [](GroupHandle& g, py::handle async_op_) -> py::object {
+        const bool async_op = bool_arg(async_op_, "barrier", "async_op");
         Group& group = g.host("barrier");
         CollectiveOptions o;
         o.async_op = async_op;
@@ -437,36 +540,45 @@ void bind_collectives(py::module_& m, Classes& classes) {
   // Point to point ---------------------------------------------------------------------------
   m.def(
       "isend",
-      [](GroupHandle& g, py::handle tensor, int dst, int tag) {
+      [](GroupHandle& g, py::handle tensor, py::handle dst, py::handle tag) {
         Group& group = g.host("isend");
-        return WorkHandle{isend(group, read(tensor, "isend tensor"), dst, tag), g.session,
-                          &group.owner()};
+        return WorkHandle{isend(group, read(tensor, "isend tensor"),
+                                group_rank(dst, group, "isend", "dst"), tag_arg(tag, "isend")),
+                          g.session, &group.owner()};
       },
       "group"_a, "tensor"_a, "dst"_a, "tag"_a = 0, "dst is a group rank.");
   m.def(
       "irecv",
-      [](GroupHandle& g, py::handle tensor, int src, int tag) {
+      [](GroupHandle& g, py::handle tensor, py::handle src, py::handle tag) {
         Group& group = g.host("irecv");
-        return WorkHandle{irecv(group, write(tensor, "irecv tensor"), src, tag), g.session,
-                          &group.owner()};
+        return WorkHandle{irecv(group, write(tensor, "irecv tensor"),
+                                group_rank(src, group, "irecv", "src"), tag_arg(tag, "irecv")),
+                          g.session, &group.owner()};
       },
       "group"_a, "tensor"_a, "src"_a, "tag"_a = 0, "src is a group rank.");
   m.def(
       "send",
-      [](GroupHandle& g, py::handle tensor, int dst, int tag) {
-        send(g.host("send"), read(tensor, "send tensor"), dst, tag);
+      [](GroupHandle& g, py::handle tensor, py::handle dst, py::handle tag) {
+        Group& group = g.host("send");
+        send(group, read(tensor, "send tensor"), group_rank(dst, group, "send", "dst"),
+             tag_arg(tag, "send"));
       },
       "group"_a, "tensor"_a, "dst"_a, "tag"_a = 0);
   m.def(
       "recv",
-      [](GroupHandle& g, py::handle tensor, int src, int tag) {
-        recv(g.host("recv"), write(tensor, "recv tensor"), src, tag);
+      [](GroupHandle& g, py::handle tensor, py::handle src, py::handle tag) {
+        Group& group = g.host("recv");
+        recv(group, write(tensor, "recv tensor"), group_rank(src, group, "recv", "src"),
+             tag_arg(tag, "recv"));
       },
       "group"_a, "tensor"_a, "src"_a, "tag"_a = 0);
   m.def(
       "batch_isend_irecv",
-      [](GroupHandle& g, const py::sequence& ops) {
+      [](GroupHandle& g, py::handle ops) {
         Group& group = g.host("batch_isend_irecv");
+        COCEMU_CHECK_ARG(py::isinstance<py::sequence>(ops) && !py::isinstance<py::str>(ops),
+                         "batch_isend_irecv: ops = {} ({}) is not a list of cocemu.P2POp",
+                         repr_of(ops), Py_TYPE(ops.ptr())->tp_name);
         std::vector<P2POp> batch;
         for (py::handle item : ops)
           batch.push_back(p2p_op(item));

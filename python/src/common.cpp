@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "cocemu/runtime/sync.h"
@@ -194,7 +196,6 @@ void rethrow_python(py::error_already_set& e, Session& session, int rank) {
 // ---------------------------------------------------------------------------------------------
 // Scalar arguments
 
-namespace {
 std::string repr_of(py::handle value) {
   try {
     std::string r = py::repr(value).cast<std::string>();
@@ -204,6 +205,8 @@ std::string repr_of(py::handle value) {
     return "<unprintable>";
   }
 }
+
+namespace {
 bool is_bool(py::handle value) {
   return PyBool_Check(value.ptr()) || PyArray_IsScalar(value.ptr(), Bool);
 }
@@ -228,6 +231,27 @@ std::int64_t int_arg(py::handle value, const char* call, const char* name, std::
   COCEMU_CHECK_ARG(overflow == 0 && v >= lo && v <= hi,
                    "{}: {} = {} is out of range; allowed {}..{}", call, name, repr_of(value), lo,
                    hi);
+  return v;
+}
+
+std::string str_arg(py::handle value, const char* call, const char* name) {
+  COCEMU_CHECK_ARG(py::isinstance<py::str>(value), "{}: {} = {} ({}) is not a str", call, name,
+                   repr_of(value), Py_TYPE(value.ptr())->tp_name);
+  return value.cast<std::string>();
+}
+
+double real_arg(py::handle value, const char* call, const char* name, double lo, double hi) {
+  const bool number =
+      !is_bool(value) && (PyFloat_Check(value.ptr()) || PyIndex_Check(value.ptr()) ||
+                          PyArray_IsScalar(value.ptr(), Floating));
+  COCEMU_CHECK_ARG(number,
+                   "{}: {} = {} ({}) is not a number; allowed a finite number in [{:g}, {:g}]",
+                   call, name, repr_of(value), Py_TYPE(value.ptr())->tp_name, lo, hi);
+  const double v = PyFloat_AsDouble(value.ptr());  // an int beyond a double's range: inf
+  if (v == -1.0 && PyErr_Occurred()) PyErr_Clear();
+  COCEMU_CHECK_ARG(std::isfinite(v) && v >= lo && v <= hi,
+                   "{}: {} = {} is out of range; allowed a finite number in [{:g}, {:g}]", call,
+                   name, repr_of(value), lo, hi);
   return v;
 }
 
@@ -259,7 +283,16 @@ DType dtype_arg(py::handle dtype) {
     if (s == "uint16") return DType::bf16;
     return parse_dtype(s);
   }
-  py::dtype d = py::dtype::from_args(py::reinterpret_borrow<py::object>(dtype));
+  // NumPy reads None as float64: a dtype is named, never guessed.
+  COCEMU_CHECK_ARG(!dtype.is_none(), "dtype None is not a dtype; name one: 'f32', 'bf16', ...");
+  py::dtype d;
+  try {
+    d = py::dtype::from_args(py::reinterpret_borrow<py::object>(dtype));
+  } catch (py::error_already_set& e) {
+    COCEMU_FAIL(Errc::invalid_argument,
+                "dtype {} is not a dtype ({}); name one: 'f32', 'bf16', ...", repr_of(dtype),
+                e.what());
+  }
   const char kind = d.kind();
   const auto size = d.itemsize();
   if (kind == 'f' && size == 4) return DType::f32;
@@ -365,17 +398,42 @@ std::string shape_text(PyArrayObject* a) {
 }
 }  // namespace
 
+namespace {
+constexpr std::int64_t kMaxElements = std::int64_t(1) << 62;
+
+/// One dimension: an integer (not a bool) >= 0; the element count is checked after.
+std::int64_t dim_arg(py::handle d, const char* call, const char* name) {
+  const std::int64_t v = int_arg(d, call, name, std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max());
+  COCEMU_CHECK_ARG(v >= 0, "{}: {} = {} must be >= 0", call, name, v);
+  return v;
+}
+}  // namespace
+
 Shape shape_arg(py::handle shape) {
   std::vector<std::int64_t> dims;
   if (py::isinstance<py::int_>(shape)) {
-    dims.push_back(shape.cast<std::int64_t>());
+    dims.push_back(dim_arg(shape, "shape", "the size"));
   } else {
     COCEMU_CHECK_ARG(py::isinstance<py::sequence>(shape) && !py::isinstance<py::str>(shape),
                      "shape must be an int or a sequence of ints, got {}",
                      py::repr(shape).cast<std::string>());
-    for (py::handle d : shape)
-      dims.push_back(d.cast<std::int64_t>());
+    const std::string call = "shape " + repr_of(shape);
+    for (py::handle d : shape) {
+      const std::string name = fmt::format("dimension {}", dims.size());
+      dims.push_back(dim_arg(d, call.c_str(), name.c_str()));
+    }
   }
+  COCEMU_CHECK_ARG(dims.size() <= std::size_t(Shape::max_dims),
+                   "shape {} has {} dimensions; cocemu tensors have at most {}", repr_of(shape),
+                   dims.size(), Shape::max_dims);
+  // A product past 2**62 elements would wrap the element count (and every byte count after it).
+  // (An empty tensor, with a dimension 0, is valid whatever its other dimensions.)
+  std::int64_t numel = 1;
+  if (std::find(dims.begin(), dims.end(), 0) == dims.end())
+    for (std::int64_t d : dims)
+      COCEMU_CHECK_ARG(!__builtin_mul_overflow(numel, d, &numel) && numel <= kMaxElements,
+                       "shape {} has more than 2**62 elements", repr_of(shape));
   return Shape(std::span<const std::int64_t>(dims));
 }
 
@@ -490,8 +548,8 @@ std::shared_ptr<const DeviceProfile> profile_arg(py::handle profile) {
   if (py::isinstance<ProfileHandle>(profile)) return profile.cast<const ProfileHandle&>().profile;
   COCEMU_CHECK_ARG(py::isinstance<py::str>(profile),
                    "profile must be a name (\"ascend-910b\"), a YAML path or a cocemu.Profile, "
-                   "got {}",
-                   Py_TYPE(profile.ptr())->tp_name);
+                   "got {} ({})",
+                   repr_of(profile), Py_TYPE(profile.ptr())->tp_name);
   const std::string name = profile.cast<std::string>();
   // Loading parses YAML: shipped profiles by name are loaded once per process.
   static std::mutex mu;

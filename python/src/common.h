@@ -55,11 +55,17 @@ void rethrow_python(py::error_already_set& e, Session& session, int rank);
 // Scalar arguments, checked strictly: a bool is not a number, a string is not a bool. Each error
 // names the call, the argument, the value seen and what is allowed.
 
+/// repr(value) for an error message, cut to 80 characters.
+std::string repr_of(py::handle value);
 /// A Python bool (or NumPy bool).
 bool bool_arg(py::handle value, const char* call, const char* name);
 /// An integer (not a bool) in lo..hi.
 std::int64_t int_arg(py::handle value, const char* call, const char* name, std::int64_t lo,
                      std::int64_t hi);
+/// A finite real number (int or float, not a bool) in [lo, hi].
+double real_arg(py::handle value, const char* call, const char* name, double lo, double hi);
+/// A str (not bytes, not None).
+std::string str_arg(py::handle value, const char* call, const char* name);
 /// A real number of seconds (int or float, not a bool) in (0, max_s]: NaN, inf and the rest are
 /// refused.
 double seconds_arg(py::handle value, const char* call, const char* name, double max_s);

@@ -2,6 +2,8 @@
 // strategies (serial, script, fused), the fused compute-communication kernels and their pricing.
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/layers/fused_kernels.h"
 #include "cocemu/layers/linear.h"
@@ -66,15 +68,27 @@ LinearOptions linear_options(const py::kwargs& kw) {
   return o;
 }
 
-layers::FusedOptions fused_options(std::int64_t tile_rows, int tiles_per_step, bool deterministic,
-                                   const std::string& label, bool checked) {
+/// The fused kernels' options, checked strictly (integers and bools, not 1.5, 2**63 or 'no'):
+/// the ranges are fused_kernels.cpp's.
+layers::FusedOptions fused_options(const char* call, py::handle tile_rows,
+                                   py::handle tiles_per_step, py::handle deterministic,
+                                   const std::string& label, py::handle checked) {
   layers::FusedOptions o;
-  o.tile_rows = tile_rows;
-  o.tiles_per_step = tiles_per_step;
-  o.deterministic = deterministic;
+  o.tile_rows = int_arg(tile_rows, call, "tile_rows", 1, std::numeric_limits<std::int64_t>::max());
+  o.tiles_per_step = int(int_arg(tiles_per_step, call, "tiles_per_step", 1, 15));
+  o.deterministic = bool_arg(deterministic, call, "deterministic");
   o.label = label;
-  o.checked = checked;
+  o.checked = bool_arg(checked, call, "checked");
   return o;
+}
+
+/// A fused kernel's bias: None, or one value per output column in out's dtype.
+void check_bias(const Tensor& bias, const Tensor& out, const char* call) {
+  if (!bias.defined() || out.ndim() < 1) return;
+  const std::int64_t n = out.size(out.ndim() - 1);
+  COCEMU_CHECK_ARG(bias.ndim() == 1 && bias.size(0) == n && bias.dtype() == out.dtype(),
+                   "{}: bias {} must be [{}] of out's dtype (out is {})", call, bias.describe(), n,
+                   out.describe());
 }
 
 template <class Layer>
@@ -154,7 +168,8 @@ void bind_layers(py::module_& m, Classes&) {
                              [](const CocConfigHandle& c) { return c.config->customized_coc; });
   m.def(
       "load_coc_config",
-      [](const std::string& path) {
+      [](py::handle path_) {
+        const std::string path = str_arg(path_, "load_coc_config", "path");
         return CocConfigHandle{
             std::make_shared<const layers::CocConfig>(layers::load_coc_config(path))};
       },
@@ -195,14 +210,16 @@ void bind_layers(py::module_& m, Classes&) {
   m.def(
       "matmul_all_reduce",
       [](GroupHandle& g, py::handle x, py::handle w, py::handle out, py::handle bias,
-         std::int64_t tile_rows, int tiles_per_step, bool deterministic, const std::string& label,
-         bool checked) {
+         py::handle tile_rows, py::handle tiles_per_step, py::handle deterministic,
+         py::handle label, py::handle checked) {
         Group& group = g.host("matmul_all_reduce");
         const Tensor tx = tensor_arg(x, "matmul_all_reduce x", Access::read),
                      tw = tensor_arg(w, "matmul_all_reduce w", Access::read),
                      tb = optional_tensor_arg(bias, "matmul_all_reduce bias", Access::read),
                      to = tensor_arg(out, "matmul_all_reduce out", Access::write);
-        const auto o = fused_options(tile_rows, tiles_per_step, deterministic, label, checked);
+        check_bias(tb, to, "matmul_all_reduce");
+        const auto o = fused_options("matmul_all_reduce", tile_rows, tiles_per_step, deterministic,
+                                     str_arg(label, "matmul_all_reduce", "label"), checked);
         py::gil_scoped_release nogil;
         layers::matmul_all_reduce(group, tx, tw, tb, to, o);
       },
@@ -212,14 +229,17 @@ void bind_layers(py::module_& m, Classes&) {
   m.def(
       "matmul_reduce_scatter",
       [](GroupHandle& g, py::handle x, py::handle w, py::handle out, bool trans_w, py::handle bias,
-         std::int64_t tile_rows, int tiles_per_step, bool deterministic, const std::string& label,
-         bool checked) {
+         py::handle tile_rows, py::handle tiles_per_step, py::handle deterministic,
+         py::handle label, py::handle checked) {
         Group& group = g.host("matmul_reduce_scatter");
         const Tensor tx = tensor_arg(x, "matmul_reduce_scatter x", Access::read),
                      tw = tensor_arg(w, "matmul_reduce_scatter w", Access::read),
                      tb = optional_tensor_arg(bias, "matmul_reduce_scatter bias", Access::read),
                      to = tensor_arg(out, "matmul_reduce_scatter out", Access::write);
-        const auto o = fused_options(tile_rows, tiles_per_step, deterministic, label, checked);
+        check_bias(tb, to, "matmul_reduce_scatter");
+        const auto o =
+            fused_options("matmul_reduce_scatter", tile_rows, tiles_per_step, deterministic,
+                          str_arg(label, "matmul_reduce_scatter", "label"), checked);
         py::gil_scoped_release nogil;
         layers::matmul_reduce_scatter(group, tx, tw, trans_w, tb, to, o);
       },
@@ -231,8 +251,8 @@ void bind_layers(py::module_& m, Classes&) {
   m.def(
       "all_gather_matmul",
       [](GroupHandle& g, py::handle x, py::handle w, py::handle out, bool trans_w, py::handle bias,
-         py::handle gathered, std::int64_t tile_rows, int tiles_per_step, bool deterministic,
-         const std::string& label, bool checked) {
+         py::handle gathered, py::handle tile_rows, py::handle tiles_per_step,
+         py::handle deterministic, py::handle label, py::handle checked) {
         Group& group = g.host("all_gather_matmul");
         const Tensor tx = tensor_arg(x, "all_gather_matmul x", Access::read),
                      tw = tensor_arg(w, "all_gather_matmul w", Access::read),
@@ -240,7 +260,9 @@ void bind_layers(py::module_& m, Classes&) {
                      to = tensor_arg(out, "all_gather_matmul out", Access::write),
                      tg =
                          optional_tensor_arg(gathered, "all_gather_matmul gathered", Access::write);
-        const auto o = fused_options(tile_rows, tiles_per_step, deterministic, label, checked);
+        check_bias(tb, to, "all_gather_matmul");
+        const auto o = fused_options("all_gather_matmul", tile_rows, tiles_per_step, deterministic,
+                                     str_arg(label, "all_gather_matmul", "label"), checked);
         py::gil_scoped_release nogil;
         layers::all_gather_matmul(group, tx, tw, trans_w, tb, to, tg, o);
       },
@@ -251,9 +273,12 @@ void bind_layers(py::module_& m, Classes&) {
       "gathered input if given.");
   m.def(
       "fused_kernel_ns",
-      [](py::handle profile, const std::string& kind, std::int64_t m_, std::int64_t k,
-         std::int64_t n, int ranks, py::handle dtype, bool trans_w, std::int64_t tile_rows,
-         int tiles_per_step, bool deterministic) {
+      [](py::handle profile, py::handle kind_, py::handle m_, py::handle k, py::handle n,
+         py::handle ranks, py::handle dtype, bool trans_w, py::handle tile_rows,
+         py::handle tiles_per_step, py::handle deterministic) {
+        const char* call = "fused_kernel_ns";
+        const std::string kind = str_arg(kind_, call, "kind");
+        constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
         layers::FusedKind fk;
         if (kind == "matmul_all_reduce")
           fk = layers::FusedKind::matmul_all_reduce;
@@ -267,8 +292,11 @@ void bind_layers(py::module_& m, Classes&) {
                       "matmul_reduce_scatter, all_gather_matmul",
                       kind);
         return layers::fused_kernel_ns(
-            *profile_arg(profile), fk, m_, k, n, ranks, dtype_arg(dtype),
-            fused_options(tile_rows, tiles_per_step, deterministic, "", false), trans_w);
+            *profile_arg(profile), fk, int_arg(m_, call, "m", 0, big),
+            int_arg(k, call, "k", 0, big), int_arg(n, call, "n", 0, big),
+            int(int_arg(ranks, call, "ranks", 1, 1024)), dtype_arg(dtype),
+            fused_options(call, tile_rows, tiles_per_step, deterministic, "", py::bool_(false)),
+            trans_w);
       },
       "profile"_a, "kind"_a, "m"_a, "k"_a, "n"_a, "ranks"_a, "dtype"_a = "bf16", py::kw_only(),
       "trans_w"_a = true, "tile_rows"_a = 128, "tiles_per_step"_a = 2, "deterministic"_a = true,

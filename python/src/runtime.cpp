@@ -241,13 +241,16 @@ OpRef event_ref(const EventHandle& e, const char* call) {
 /// profile's large-GEMM rate and `bytes` at its memory bandwidth, at least the shortest kernel.
 double launch_cost(const DeviceProfile& p, std::optional<double> work_ns,
                    std::optional<double> flops, std::optional<double> bytes, DType dtype) {
-  const auto check = [](const char* what, std::optional<double> v) {
-    COCEMU_CHECK_ARG(!v || (std::isfinite(*v) && *v >= 0),
-                     "Stream.launch: {} = {} must be a finite number >= 0", what, *v);
+  // Bounded so that the modeled clock (int64 ns) and the op's uint64 counters cannot overflow:
+  // work_ns at most 1e15 ns (about 11.6 days of device time), flops and bytes below 2**63.
+  const auto check = [](const char* what, std::optional<double> v, double max) {
+    COCEMU_CHECK_ARG(!v || (std::isfinite(*v) && *v >= 0 && *v <= max),
+                     "Stream.launch: {} = {} is out of range; allowed a finite number in [0, {:g}]",
+                     what, *v, max);
   };
-  check("work_ns", work_ns);
-  check("flops", flops);
-  check("bytes", bytes);
+  check("work_ns", work_ns, 1e15);
+  check("flops", flops, 9.2e18);
+  check("bytes", bytes, 9.2e18);
   if (work_ns) return *work_ns;
   if (!flops && !bytes) return 0;
   double ns = p.kernel_min_ns;
@@ -271,11 +274,23 @@ LaunchKind launch_kind(const std::string& launch) {
               launch);
 }
 
-OpRef launch(StreamHandle& h, const std::string& name, py::handle fn, std::optional<double> work_ns,
-             std::optional<double> flops, std::optional<double> bytes, py::handle dtype,
-             const std::string& kind, const std::string& launch,
-             std::optional<std::string> segment) {
+OpRef launch(StreamHandle& h, py::handle name_, py::handle fn, py::handle work_ns_,
+             py::handle flops_, py::handle bytes_, py::handle dtype, py::handle kind_,
+             py::handle launch_, py::handle segment_) {
   Stream& s = h.host("Stream.launch");
+  const char* call = "Stream.launch";
+  const std::string name = str_arg(name_, call, "name");
+  const auto number = [&](py::handle v, const char* what) -> std::optional<double> {
+    if (v.is_none()) return std::nullopt;
+    // The range is launch_cost's, which names it.
+    return real_arg(v, call, what, -std::numeric_limits<double>::infinity(),
+                    std::numeric_limits<double>::infinity());
+  };
+  const std::optional<double> work_ns = number(work_ns_, "work_ns"),
+                              flops = number(flops_, "flops"), bytes = number(bytes_, "bytes");
+  const std::string kind = str_arg(kind_, call, "kind"), launch = str_arg(launch_, call, "launch");
+  std::optional<std::string> segment;
+  if (!segment_.is_none()) segment = str_arg(segment_, call, "segment");
   Rank& rank = s.rank();
   OpSpec spec;
   spec.name = name;
@@ -305,6 +320,14 @@ OpRef launch(StreamHandle& h, const std::string& name, py::handle fn, std::optio
   return ref;
 }
 
+/// A cocemu.Stream argument (rank.compute_stream, rank.comm_stream, rank.new_stream()).
+StreamHandle& stream_arg(py::handle stream, const char* call) {
+  COCEMU_CHECK_ARG(py::isinstance<StreamHandle>(stream),
+                   "{}: stream = {} ({}) is not a cocemu.Stream", call, repr_of(stream),
+                   Py_TYPE(stream.ptr())->tp_name);
+  return stream.cast<StreamHandle&>();
+}
+
 EventHandle record(StreamHandle& h) {
   Stream& s = h.host("Stream.record");
   return EventHandle{s.record(), h.session, &s.rank()};
@@ -321,8 +344,13 @@ void wait_event(StreamHandle& h, const EventHandle& e) {
 // ---------------------------------------------------------------------------------------------
 // bf16 conversions
 
-py::array_t<std::uint16_t> to_bf16_array(
-    const py::array_t<float, py::array::c_style | py::array::forcecast>& x) {
+py::array_t<std::uint16_t> to_bf16_array(py::handle values) {
+  // Real numbers only: NumPy would turn None into NaN and drop a complex number's imaginary part.
+  const py::array a = py::array::ensure(values);
+  COCEMU_CHECK_ARG(a && std::string("fiub").find(a.dtype().kind()) != std::string::npos,
+                   "to_bf16: x = {} ({}) is not an array of real numbers", repr_of(values),
+                   a ? py::str(a.dtype()).cast<std::string>() : Py_TYPE(values.ptr())->tp_name);
+  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
   py::array_t<std::uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
   const float* in = x.data();
   std::uint16_t* o = out.mutable_data();
@@ -331,7 +359,17 @@ py::array_t<std::uint16_t> to_bf16_array(
   return out;
 }
 
-py::array_t<float> from_bf16_array(const py::array_t<std::uint16_t, py::array::c_style>& x) {
+py::array_t<float> from_bf16_array(py::handle values) {
+  COCEMU_CHECK_ARG(
+      py::isinstance<py::array>(values) &&
+          py::reinterpret_borrow<py::array>(values).dtype().is(py::dtype::of<std::uint16_t>()),
+      "from_bf16: x must be a uint16 array holding bf16 (cocemu.to_bf16 makes one), "
+      "got {}",
+      py::isinstance<py::array>(values)
+          ? "an array of dtype " +
+                py::str(py::reinterpret_borrow<py::array>(values).dtype()).cast<std::string>()
+          : repr_of(values) + " (" + Py_TYPE(values.ptr())->tp_name + ")");
+  const auto x = py::array_t<std::uint16_t, py::array::c_style>::ensure(values);
   py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
   const std::uint16_t* in = x.data();
   float* o = out.mutable_data();
@@ -412,7 +450,14 @@ void bind_runtime(py::module_& m, Classes& classes) {
                               t.describe());
              return to_python(t);
            })
-      .def("rows", &Tensor::rows, "begin"_a, "end"_a)
+      .def(
+          "rows",
+          [](const Tensor& t, py::handle begin, py::handle end) {
+            constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+            return t.rows(int_arg(begin, "Tensor.rows", "begin", 0, big),
+                          int_arg(end, "Tensor.rows", "end", 0, big));
+          },
+          "begin"_a, "end"_a)
       .def(
           "__getitem__",
           [](const Tensor& t, const py::slice& rows) {
@@ -428,7 +473,14 @@ void bind_runtime(py::module_& m, Classes& classes) {
           },
           "rows"_a, "Rows of dimension 0 as a view: t[a:b] (as a NumPy array's).")
       .def("__len__", [](const Tensor& t) { return t.ndim() >= 1 ? t.size(0) : 0; })
-      .def("flat", &Tensor::flat, "begin"_a, "end"_a)
+      .def(
+          "flat",
+          [](const Tensor& t, py::handle begin, py::handle end) {
+            constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+            return t.flat(int_arg(begin, "Tensor.flat", "begin", 0, big),
+                          int_arg(end, "Tensor.flat", "end", 0, big));
+          },
+          "begin"_a, "end"_a)
       .def("reshape", [](const Tensor& t, py::handle shape) { return t.reshape(shape_arg(shape)); })
       .def("__repr__", [](const Tensor& t) { return "cocemu.Tensor(" + t.describe() + ")"; });
 
@@ -481,9 +533,12 @@ void bind_runtime(py::module_& m, Classes& classes) {
       .def("scalable_keys", [](const ProfileHandle& p) { return p.profile->scalable_keys(); })
       .def(
           "scaled",
-          [](const ProfileHandle& p, const std::string& key, double factor) {
-            return ProfileHandle{
-                std::make_shared<const DeviceProfile>(p.profile->scaled(key, factor))};
+          [](const ProfileHandle& p, py::handle key, py::handle factor) {
+            const char* call = "Profile.scaled";
+            return ProfileHandle{std::make_shared<const DeviceProfile>(p.profile->scaled(
+                str_arg(key, call, "key"),
+                real_arg(factor, call, "factor", std::numeric_limits<double>::min(),
+                         std::numeric_limits<double>::max())))};
           },
           "key"_a, "factor"_a)
       .def("__repr__", [](const ProfileHandle& p) {
@@ -498,59 +553,84 @@ void bind_runtime(py::module_& m, Classes& classes) {
         "installed or built).");
 
   const auto prof = [](py::handle p) { return profile_arg(p); };
+  // Sizes are integers >= 0 (not bools), real figures finite numbers >= 0: a negative or NaN
+  // size priced as if it were valid would be a silent wrong answer.
+  constexpr std::int64_t kMaxSize = std::numeric_limits<std::int64_t>::max();
+  const auto size = [](py::handle v, const char* call, const char* name) {
+    return int_arg(v, call, name, 0, kMaxSize);
+  };
   m.def(
       "gemm_ns",
-      [prof](py::handle p, std::int64_t m_, std::int64_t n, std::int64_t k, py::handle dtype,
-             bool trans_a, bool trans_b) {
-        return gemm_ns(*prof(p), m_, n, k, dtype_arg(dtype), {trans_a, trans_b});
+      [prof, size](py::handle p, py::handle m_, py::handle n, py::handle k, py::handle dtype,
+                   bool trans_a, bool trans_b) {
+        return gemm_ns(*prof(p), size(m_, "gemm_ns", "m"), size(n, "gemm_ns", "n"),
+                       size(k, "gemm_ns", "k"), dtype_arg(dtype), {trans_a, trans_b});
       },
       "profile"_a, "m"_a, "n"_a, "k"_a, "dtype"_a = "bf16", "trans_a"_a = false,
       "trans_b"_a = false, "Modeled ns of an [m, k]·[k, n] GEMM (cost_model.h).");
   m.def(
       "gemm_efficiency",
-      [prof](py::handle p, std::int64_t m_, std::int64_t n, std::int64_t k, py::handle dtype,
-             bool trans_a, bool trans_b) {
-        return gemm_efficiency(*prof(p), m_, n, k, dtype_arg(dtype), {trans_a, trans_b});
+      [prof, size](py::handle p, py::handle m_, py::handle n, py::handle k, py::handle dtype,
+                   bool trans_a, bool trans_b) {
+        return gemm_efficiency(*prof(p), size(m_, "gemm_efficiency", "m"),
+                               size(n, "gemm_efficiency", "n"), size(k, "gemm_efficiency", "k"),
+                               dtype_arg(dtype), {trans_a, trans_b});
       },
       "profile"_a, "m"_a, "n"_a, "k"_a, "dtype"_a = "bf16", "trans_a"_a = false,
       "trans_b"_a = false);
   m.def(
-      "memory_ns", [prof](py::handle p, std::uint64_t bytes) { return memory_ns(*prof(p), bytes); },
+      "memory_ns",
+      [prof, size](py::handle p, py::handle bytes) {
+        return memory_ns(*prof(p), std::uint64_t(size(bytes, "memory_ns", "bytes")));
+      },
       "profile"_a, "bytes"_a, "Modeled ns of a memory-bound kernel moving `bytes`.");
   m.def(
       "launch_ns",
-      [prof](py::handle p, const std::string& kind) {
-        return launch_ns(*prof(p), launch_kind(kind));
+      [prof](py::handle p, py::handle kind) {
+        return launch_ns(*prof(p), launch_kind(str_arg(kind, "launch_ns", "kind")));
       },
       "profile"_a, "kind"_a = "kernel", "Host cost of one launch: kernel, fused or none.");
   m.def(
       "attention_ns",
-      [prof](py::handle p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k, std::int64_t d,
-             py::handle dtype, double visible, bool backward) {
-        return attention_ns(*prof(p), heads, s_q, s_k, d, dtype_arg(dtype), visible, backward);
+      [prof, size](py::handle p, py::handle heads, py::handle s_q, py::handle s_k, py::handle d,
+                   py::handle dtype, py::handle visible, bool backward) {
+        const char* call = "attention_ns";
+        return attention_ns(*prof(p), size(heads, call, "heads"), size(s_q, call, "s_q"),
+                            size(s_k, call, "s_k"), size(d, call, "d"), dtype_arg(dtype),
+                            real_arg(visible, call, "visible", 0, 1), backward);
       },
       "profile"_a, "heads"_a, "s_q"_a, "s_k"_a, "d"_a, "dtype"_a = "bf16", "visible"_a = 1.0,
       "backward"_a = false);
   m.def(
       "flash_attention_ns",
-      [prof](py::handle p, double flops, std::int64_t head_dim, py::handle dtype, double bytes,
-             double keys_per_row, bool backward) {
-        return flash_attention_ns(*prof(p), flops, head_dim, dtype_arg(dtype), bytes, keys_per_row,
-                                  backward);
+      [prof, size](py::handle p, py::handle flops, py::handle head_dim, py::handle dtype,
+                   py::handle bytes, py::handle keys_per_row, bool backward) {
+        const char* call = "flash_attention_ns";
+        constexpr double inf = std::numeric_limits<double>::infinity();
+        return flash_attention_ns(*prof(p), real_arg(flops, call, "flops", 0, inf),
+                                  size(head_dim, call, "head_dim"), dtype_arg(dtype),
+                                  real_arg(bytes, call, "bytes", 0, inf),
+                                  real_arg(keys_per_row, call, "keys_per_row", 0, inf), backward);
       },
       "profile"_a, "flops"_a, "head_dim"_a, "dtype"_a, "bytes"_a, "keys_per_row"_a,
       "backward"_a = false);
   m.def(
       "unfused_attention_ns",
-      [prof](py::handle p, std::int64_t heads, std::int64_t s_q, std::int64_t s_k, std::int64_t d,
-             py::handle dtype, bool backward) {
-        return unfused_attention_ns(*prof(p), heads, s_q, s_k, d, dtype_arg(dtype), backward);
+      [prof, size](py::handle p, py::handle heads, py::handle s_q, py::handle s_k, py::handle d,
+                   py::handle dtype, bool backward) {
+        const char* call = "unfused_attention_ns";
+        return unfused_attention_ns(*prof(p), size(heads, call, "heads"), size(s_q, call, "s_q"),
+                                    size(s_k, call, "s_k"), size(d, call, "d"), dtype_arg(dtype),
+                                    backward);
       },
       "profile"_a, "heads"_a, "s_q"_a, "s_k"_a, "d"_a, "dtype"_a = "bf16", "backward"_a = false);
   m.def(
       "overlapped_ns",
-      [prof](py::handle p, double compute_ns, double comm_ns) {
-        return overlapped_ns(compute_ns, comm_ns, prof(p)->contention);
+      [prof](py::handle p, py::handle compute_ns, py::handle comm_ns) {
+        constexpr double inf = std::numeric_limits<double>::infinity();
+        return overlapped_ns(real_arg(compute_ns, "overlapped_ns", "compute_ns", 0, inf),
+                             real_arg(comm_ns, "overlapped_ns", "comm_ns", 0, inf),
+                             prof(p)->contention);
       },
       "profile"_a, "compute_ns"_a, "comm_ns"_a,
       "Time of a compute and a comm task started together on one rank, slowed by contention.");
@@ -615,10 +695,21 @@ void bind_runtime(py::module_& m, Classes& classes) {
            "`flops` at the profile's large-GEMM rate for `dtype` and `bytes` at its memory "
            "bandwidth (the larger, at least the shortest kernel), else 0. Returns its OpRef.")
       .def("record", &record, "Records an event after every op enqueued so far.")
-      .def("wait", &wait_event, "event"_a,
-           "Ops enqueued later start after `event` (the host does not block).")
       .def(
-          "wait_stream", [](StreamHandle& h, StreamHandle& other) { wait_event(h, record(other)); },
+          "wait",
+          [](StreamHandle& h, py::handle event) {
+            COCEMU_CHECK_ARG(py::isinstance<EventHandle>(event),
+                             "Stream.wait: event = {} ({}) is not a cocemu.Event (a Work's "
+                             "event, or Stream.record())",
+                             repr_of(event), Py_TYPE(event.ptr())->tp_name);
+            wait_event(h, event.cast<const EventHandle&>());
+          },
+          "event"_a, "Ops enqueued later start after `event` (the host does not block).")
+      .def(
+          "wait_stream",
+          [](StreamHandle& h, py::handle other) {
+            wait_event(h, record(stream_arg(other, "Stream.wait_stream")));
+          },
           "stream"_a, "Ops enqueued later start after everything enqueued on `stream` so far.")
       .def("synchronize",
            [](StreamHandle& h) {
@@ -678,8 +769,9 @@ void bind_runtime(py::module_& m, Classes& classes) {
                              })
       .def(
           "set_current_stream",
-          [](RankHandle& h, StreamHandle& s) {
+          [](RankHandle& h, py::handle stream) {
             Rank& r = h.host("Rank.set_current_stream");
+            StreamHandle& s = stream_arg(stream, "Rank.set_current_stream");
             COCEMU_CHECK_ARG(s.session == h.session && &s.stream->rank() == &r,
                              "Rank.set_current_stream: the stream is not one of rank {}'s", r.id());
             r.set_current_stream(*s.stream);
@@ -713,8 +805,8 @@ void bind_runtime(py::module_& m, Classes& classes) {
           "shape"_a, "dtype"_a = "f32", "As zeros, contents unspecified.")
       .def(
           "set_segment",
-          [](RankHandle& h, const std::string& name) {
-            h.host("Rank.set_segment").set_segment(name);
+          [](RankHandle& h, py::handle name) {
+            h.host("Rank.set_segment").set_segment(str_arg(name, "Rank.set_segment", "name"));
           },
           "name"_a, "Names the program region that ops recorded from now on belong to.")
       .def_property_readonly(
@@ -876,8 +968,19 @@ void bind_runtime(py::module_& m, Classes& classes) {
                               "writable in a peer's copy, with flags in peer memory.")
       .def_static(
           "allocate",
-          [](RankHandle& h, const std::vector<int>& team, std::size_t bytes, int n_flags) {
+          [](RankHandle& h, py::handle team_, py::handle bytes_, py::handle n_flags_) {
             Rank& r = h.host("SymmetricBuffer.allocate");
+            const char* call = "SymmetricBuffer.allocate";
+            COCEMU_CHECK_ARG(py::isinstance<py::sequence>(team_) && !py::isinstance<py::str>(team_),
+                             "{}: team = {} ({}) is not a list of world ranks", call,
+                             repr_of(team_), Py_TYPE(team_.ptr())->tp_name);
+            std::vector<int> team;
+            for (py::handle x : team_)
+              team.push_back(int(int_arg(x, call, "a team rank", 0, r.world_size() - 1)));
+            const auto bytes = std::size_t(
+                int_arg(bytes_, call, "bytes", 0, std::numeric_limits<std::int64_t>::max()));
+            const int n_flags =
+                int(int_arg(n_flags_, call, "n_flags", 0, 1 << 20));  // 4 MiB of flags
             return SymmetricHandle{SymmetricBuffer::allocate(r, team, bytes, n_flags), h.session};
           },
           "rank"_a, "team"_a, "bytes"_a, "n_flags"_a = 0,
@@ -905,8 +1008,12 @@ void bind_runtime(py::module_& m, Classes& classes) {
           "team_rank"_a, "A peer's copy as a uint8 NumPy view.")
       .def(
           "put",
-          [](const SymmetricHandle& h, int peer, std::size_t offset, py::handle src) {
+          [](const SymmetricHandle& h, py::handle peer_, py::handle offset_, py::handle src) {
             const SymmetricBuffer& b = h.get("SymmetricBuffer.put");
+            const int peer =
+                int(int_arg(peer_, "SymmetricBuffer.put", "peer", 0, b.team_size() - 1));
+            const auto offset = std::size_t(int_arg(offset_, "SymmetricBuffer.put", "offset", 0,
+                                                    std::numeric_limits<std::int64_t>::max()));
             auto [p, n] = byte_span(src, "SymmetricBuffer.put src", Access::read);
             py::gil_scoped_release nogil;
             b.put(peer, offset, p, n);
@@ -914,8 +1021,12 @@ void bind_runtime(py::module_& m, Classes& classes) {
           "peer"_a, "offset"_a, "src"_a, "Copies `src`'s bytes into peer's copy at `offset`.")
       .def(
           "get",
-          [](const SymmetricHandle& h, int peer, std::size_t offset, py::handle dst) {
+          [](const SymmetricHandle& h, py::handle peer_, py::handle offset_, py::handle dst) {
             const SymmetricBuffer& b = h.get("SymmetricBuffer.get");
+            const int peer =
+                int(int_arg(peer_, "SymmetricBuffer.get", "peer", 0, b.team_size() - 1));
+            const auto offset = std::size_t(int_arg(offset_, "SymmetricBuffer.get", "offset", 0,
+                                                    std::numeric_limits<std::int64_t>::max()));
             auto [p, n] = byte_span(dst, "SymmetricBuffer.get dst", Access::write);
             py::gil_scoped_release nogil;
             b.get(peer, offset, const_cast<std::byte*>(p), n);

@@ -1,5 +1,7 @@
 """Bad input: each a clear cocemu.Error (or the rank's own Python exception), never a hang, a
 crash of the interpreter or a silent copy."""
+import re
+
 import numpy as np
 import pytest
 
@@ -348,3 +350,126 @@ def test_a_bad_timeout_variable_is_named():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, COCEMU_TIMEOUT_MS="abc"), timeout=60)
     assert p.returncode != 0 and "COCEMU_TIMEOUT_MS" in p.stderr and "abc" in p.stderr, p.stderr
+
+
+# Found by tests/robustness/campaign_python.py: each value was a crash (collective_ns root -1:
+# a double free), a silent answer (a negative GEMM size priced, True taken for 1, None for
+# float64, a 2**80-element shape wrapped, a 7-element bias on 5 columns) or pybind11's
+# "incompatible function arguments" without the argument's name. Each is now a cocemu.Error
+# naming the call, the argument and the value.
+P = "ascend-910b"
+DIRECT_BAD = [
+    (lambda: cocemu.collective_ns(P, "broadcast", 8, 1024, root=-1),
+     r"collective_ns: root = -1 is out of range; allowed 0\.\.7"),
+    (lambda: cocemu.collective_ns(P, "all_reduce", 1.5, 1024), r"ranks = 1\.5 \(float\)"),
+    (lambda: cocemu.collective_ns(P, "all_reduce", 8, True), r"numel = True \(bool\)"),
+    (lambda: cocemu.collective_ns(P, 3, 8, 1024), r"op = 3 \(int\) is not a str"),
+    (lambda: cocemu.collective_ns(P, "all_reduce", 8, 1024, algo=3), r"algo = 3 \(int\)"),
+    (lambda: cocemu.gemm_ns(P, -1, 64, 64), r"gemm_ns: m = -1 is out of range"),
+    (lambda: cocemu.gemm_ns(P, 64, 64, True), r"gemm_ns: k = True \(bool\) is not an integer"),
+    (lambda: cocemu.gemm_ns(P, 64, 2**64, 64), r"n = 18446744073709551616 is out of range"),
+    (lambda: cocemu.memory_ns(P, -1), r"memory_ns: bytes = -1 is out of range"),
+    (lambda: cocemu.attention_ns(P, 2, -1, 128, 64), r"attention_ns: s_q = -1"),
+    (lambda: cocemu.attention_ns(P, 2, 128, 128, 64, visible=float("nan")), r"visible = nan"),
+    (lambda: cocemu.overlapped_ns(P, float("inf"), 1.0), r"compute_ns = inf is out of range"),
+    (lambda: cocemu.flash_attention_ns(P, -1.0, 64, "bf16", 1e6, 128.0), r"flops = -1\.0"),
+    (lambda: cocemu.fused_kernel_ns(P, "matmul_all_reduce", 64, 64, 64, True),
+     r"fused_kernel_ns: ranks = True \(bool\)"),
+    (lambda: cocemu.fused_kernel_ns(P, None, 64, 64, 64, 8), r"kind = None"),
+    (lambda: cocemu.launch_ns(P, 3), r"launch_ns: kind = 3 \(int\)"),
+    (lambda: cocemu.Tensor.zeros((2**40, 2**40)), r"shape \(1099511627776, 1099511627776\) "
+                                                  r"has more than 2\*\*62 elements"),
+    (lambda: cocemu.Tensor.zeros((2, -1)), r"shape \(2, -1\): dimension 1 = -1 must be >= 0"),
+    (lambda: cocemu.Tensor.zeros(("a",)), r"dimension 0 = 'a' \(str\) is not an integer"),
+    (lambda: cocemu.Tensor.zeros((1, 1, 1, 1, 1)), r"shape \(1, 1, 1, 1, 1\) has 5 dimensions"),
+    (lambda: cocemu.Tensor.zeros((2, 2), None), r"dtype None is not a dtype"),
+    (lambda: cocemu.Tensor.zeros((2, 2), [np.float32]), r"dtype \[<class 'numpy.float32'>\]"),
+    (lambda: cocemu.Tensor.zeros((4, 2)).rows(1.5, 2), r"Tensor\.rows: begin = 1\.5"),
+    (lambda: cocemu.to_bf16(np.zeros(4, np.complex64)),
+     r"to_bf16: x = .*\(complex64\) is not an array of real"),
+    (lambda: cocemu.to_bf16(None), r"to_bf16: x = None"),
+    (lambda: cocemu.from_bf16(np.zeros(4, np.float32)), r"from_bf16: x must be a uint16 array.*"
+                                                        r"float32"),
+    (lambda: cocemu.load_profile(3), r"got 3 \(int\)"),
+    (lambda: cocemu.load_profile(P).scaled(cocemu.load_profile(P).scalable_keys()[0],
+                                           float("nan")), r"Profile\.scaled: factor = nan"),
+    (lambda: cocemu.load_coc_config(3), r"load_coc_config: path = 3 \(int\)"),
+]
+
+
+@pytest.mark.parametrize("call,match", DIRECT_BAD)
+def test_bad_values_of_the_cost_and_tensor_functions_are_named(call, match):
+    with pytest.raises(cocemu.Error, match=match) as info:
+        call()
+    assert info.value.code == "invalid_argument"
+
+
+def f32(*shape):
+    return np.zeros(shape, np.float32)
+
+
+RANK_BAD = [
+    (lambda rank, W: cocemu.broadcast(W, f32(4), 1.5), r"broadcast: root = 1\.5 \(float\)"),
+    (lambda rank, W: cocemu.broadcast(W, f32(4), True), r"broadcast: root = True \(bool\)"),
+    (lambda rank, W: cocemu.reduce(W, f32(4), 2**31), r"reduce: root = 2147483648 is out of range; "
+                                                      r"allowed 0\.\.1"),
+    (lambda rank, W: cocemu.send(W, f32(4), "1"), r"send: dst = '1' \(str\)"),
+    (lambda rank, W: cocemu.irecv(W, f32(4), 0, tag=1.5), r"irecv: tag = 1\.5"),
+    (lambda rank, W: cocemu.all_reduce(W, f32(4), async_op=None), r"async_op = None"),
+    (lambda rank, W: cocemu.all_reduce(W, f32(4), deterministic=1), r"deterministic = 1 \(int\)"),
+    (lambda rank, W: cocemu.all_reduce(W, f32(4), op=3), r"op = 3 \(int\) is not a reduce op"),
+    (lambda rank, W: cocemu.all_reduce(W, f32(4), op="SUMM"), r"reduce op 'SUMM' is unknown"),
+    (lambda rank, W: cocemu.all_reduce(W, f32(4), algo=["ring"]), r"algo = \['ring'\]"),
+    (lambda rank, W: cocemu.all_reduce(W, f32(4), label=3), r"label = 3 \(int\) is not a str"),
+    (lambda rank, W: cocemu.barrier(W, async_op="yes"), r"barrier: async_op = 'yes'"),
+    (lambda rank, W: cocemu.all_to_all(W, f32(4), f32(4), output_splits="22", input_splits=[2, 2]),
+     r"all_to_all: output_splits = '22'"),
+    (lambda rank, W: cocemu.batch_isend_irecv(W, 3), r"batch_isend_irecv: ops = 3"),
+    (lambda rank, W: cocemu.batch_isend_irecv(W, [3]), r"an op is a cocemu\.P2POp .* got 3"),
+    (lambda rank, W: cocemu.new_group(rank, [0, 1.5]), r"new_group: a rank = 1\.5"),
+    (lambda rank, W: cocemu.split(W, "a"), r"split: color = 'a' \(str\)"),
+    (lambda rank, W: cocemu.make_mesh(rank, tp=True), r"make_mesh: tp = True \(bool\)"),
+    (lambda rank, W: cocemu.matmul_all_reduce(W, f32(4, 3), f32(5, 3), f32(4, 5), bias=f32(7)),
+     r"matmul_all_reduce: bias f32\[7\] must be \[5\]"),
+    (lambda rank, W: cocemu.matmul_reduce_scatter(W, f32(4, 3), f32(5, 3), f32(2, 5),
+                                                  tiles_per_step=2**40),
+     r"tiles_per_step = 1099511627776 is out of range; allowed 1\.\.15"),
+    (lambda rank, W: cocemu.all_gather_matmul(W, f32(2, 3), f32(5, 3), f32(4, 5), tile_rows=1.5),
+     r"all_gather_matmul: tile_rows = 1\.5"),
+    (lambda rank, W: rank.zeros((True,)), r"dimension 0 = True \(bool\)"),
+    (lambda rank, W: rank.compute_stream.launch("op", work_ns=1e300), r"work_ns = 1e\+300 is out "
+                                                                      r"of range"),
+    (lambda rank, W: rank.compute_stream.launch("op", flops=True), r"flops = True \(bool\)"),
+    (lambda rank, W: rank.compute_stream.launch(3, work_ns=1), r"name = 3 \(int\) is not a str"),
+    (lambda rank, W: rank.compute_stream.wait(3), r"Stream\.wait: event = 3 \(int\)"),
+    (lambda rank, W: rank.compute_stream.wait_stream(None), r"wait_stream: stream = None"),
+    (lambda rank, W: rank.set_current_stream("compute"), r"stream = 'compute' \(str\)"),
+    (lambda rank, W: rank.set_segment(None), r"set_segment: name = None"),
+    (lambda rank, W: cocemu.SymmetricBuffer.allocate(rank, [0, 1], -1), r"bytes = -1 is out"),
+    (lambda rank, W: cocemu.SymmetricBuffer.allocate(rank, [0, 1], 16).put(1, -4, f32(1)),
+     r"SymmetricBuffer\.put: offset = -4 is out of range"),
+]
+
+
+@pytest.mark.parametrize("call,match", RANK_BAD)
+def test_bad_values_on_ranks_are_named_with_the_rank(call, match):
+    def body(rank):
+        call(rank, rank.world)
+        rank.synchronize()
+    e = fails(2, body, match, timeout_s=20)
+    assert re.search(r"rank [01] failed", str(e)), str(e)
+
+
+def test_the_strict_arguments_still_take_numpy_integers_and_defaults():
+    # np.int64 roots and sizes, a float work_ns given as an int, deterministic=None (the run's).
+    assert cocemu.gemm_ns(P, np.int64(64), 64, 64) == cocemu.gemm_ns(P, 64, 64, 64)
+    assert cocemu.collective_ns(P, "broadcast", 4, 1024, root=np.int32(3)) > 0
+    assert cocemu.Tensor.zeros((2**40, 2**40, 0)).numel == 0  # empty: no element count to wrap
+
+    def body(rank):
+        x = np.full(4, rank.id + 1, np.float32)
+        cocemu.broadcast(rank.world, x, np.int64(1), deterministic=None, async_op=False)
+        rank.compute_stream.launch("op", work_ns=5)
+        rank.synchronize()
+        return float(x[0])
+    assert cocemu.run(2, body).returns == [2.0, 2.0]

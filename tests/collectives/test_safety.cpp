@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "cocemu/collectives/ops.h"
+#include "cocemu/collectives/plan.h"
 #include "testing.h"
 
 namespace cocemu {
@@ -209,6 +210,23 @@ TEST(Safety, BadArgumentsAreRejected) {
             short_timeout());
       },
       Errc::mismatch, {"sends 3 elements to group rank 0, which expects 6"});
+}
+
+// Pricing a call without running it (cocemu.collective_ns) checks the root as the call does: a
+// root of -1 or past the group used to index past the plan's buffers (a double free).
+TEST(Safety, ModeledCollectiveRefusesARootOutsideTheGroup) {
+  const DeviceProfile p = load_named_profile("ascend-910b");
+  const std::vector<int> world{0, 1, 2, 3};
+  for (const int root : {-1, 4, 1 << 30})
+    expect_error(
+        [&] {
+          model_collective(p, CollOp::broadcast, world, 1024, DType::f32, 4096,
+                           Algorithm::automatic, true, root);
+        },
+        Errc::invalid_argument, {"broadcast", "root " + std::to_string(root), "allowed 0..3"});
+  const ModeledCollective ok = model_collective(p, CollOp::broadcast, world, 1024, DType::f32, 4096,
+                                                Algorithm::automatic, true, 3);
+  EXPECT_GT(ok.cost.total_ns, 0);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 """cocemu.torch: plain torch.distributed on rank threads (R-PY-6): every op and dtype the issue
 lists, async Work, new_group, and the bad-input errors (rank, group and call named; bounded)."""
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -545,6 +547,28 @@ def test_bad_run_settings_are_named(kw, name):
     with pytest.raises(cocemu.Error) as e:
         ct.run(lambda: None, world_size=2, **kw)
     assert name in str(e.value)
+
+
+@pytest.mark.parametrize("code,said", [
+    ("dist.broadcast(torch.zeros(4), 1.5)", "src=1.5 (float) is not a rank"),
+    ("dist.reduce(torch.zeros(4), '0')", "dst='0' (str) is not a rank"),
+    ("dist.scatter(torch.zeros(4), None, src=2**64)", "src=18446744073709551616 is not a rank"),
+    ("dist.broadcast(torch.zeros(4), None)", "src=None and group_src=None"),
+    ("dist.all_reduce(torch.zeros(4), op='sum')", "op='sum' (str) is not a"),
+    ("dist.all_reduce(torch.zeros(4), op=42)", "op=42 (int) is not a"),
+    ("dist.send(torch.zeros(4), dist.get_rank())", "is this rank; a rank cannot send to itself"),
+    ("dist.new_group([0, 0])", "ranks=[0, 0] names rank 0 twice"),
+    ("dist.new_group('01')", "ranks='01' (str) is not a list"),
+    ("dist.gather(torch.zeros(4))", "this rank is the root (dst=None: rank 0 of the group)"),
+    ("torch.npu.Stream(priority='high')", "priority='high' (str) is not an int"),
+    ("torch.npu.current_stream().wait_event(3)", "event=3 (int) is not a"),
+])
+def test_bad_torch_arguments_are_named(code, said):
+    """torch.distributed's and the device shim's arguments are checked before torch's C++
+    options read them: the call, the rank, the value and what is allowed."""
+    msg = _error(lambda: exec(code), world_size=2)
+    assert said in msg
+    assert re.search(r"rank [01]\b", msg), msg  # whichever rank fails first
 
 
 def test_bad_timeout_env_is_named(monkeypatch):

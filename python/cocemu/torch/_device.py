@@ -39,6 +39,10 @@ class Stream:
             if _original_stream is None:
                 raise error("torch.npu.Stream: called outside cocemu.torch.run")
             return _original_stream(device=device, priority=priority, **kwargs)
+        if _cocemu is None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise error(f"rank {st.id}: torch.npu.Stream: priority={priority!r} ({type(priority).__name__}) is "
+                        f"not an int; allowed an int, lower is higher priority (CUDA clamps it "
+                        f"to torch.cuda.Stream.priority_range(); cocemu's streams ignore it)")
         self = object.__new__(cls)
         if _cocemu is None:
             st.stream_count = getattr(st, "stream_count", 0) + 1
@@ -49,6 +53,10 @@ class Stream:
         return self
 
     def wait_event(self, event):
+        if not isinstance(event, Event):
+            st = _state.current()
+            raise error(f"rank {st.id if st else '?'}: Stream.wait_event: event={event!r} ({type(event).__name__}) is not a "
+                        f"torch.npu/torch.cuda Event of this run")
         event._check()
         if event.ev is not None:
             self.cs.wait(event.ev)

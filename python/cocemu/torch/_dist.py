@@ -13,7 +13,7 @@ import torch
 
 import cocemu
 
-from . import _races, _state, _torch2
+from . import _args, _races, _state, _torch2
 from ._state import error
 
 DTYPES = {
@@ -783,6 +783,7 @@ def install():
     """Registers the backend and the per-thread world with torch (once)."""
     _torch2.install_world(lambda: getattr(_state.current(), "c10d_world", None))
     _torch2.register_backend(_create)
+    _args.install()
 
 
 def start_rank(st, store, timeout_s):

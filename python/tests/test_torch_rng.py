@@ -180,3 +180,30 @@ def test_bad_device_in_rng_call_is_an_error():
     with pytest.raises(cocemu.Error, match=r"torch.cuda.get_rng_state: device index 9 out of "
                                            r"range"):
         ct.run(fn, world_size=2)
+
+
+def test_graph_safe_states_are_shared_not_copied():
+    """torch's graph-safe generator API on a rank's device (Megatron's cudagraphable RNG
+    tracker): graphsafe_get_state gives the device's generator itself, graphsafe_set_state makes
+    the device draw from (and advance) the given state, clone_state copies."""
+    def fn():
+        rank = dist.get_rank()
+        torch.cuda.manual_seed(100 + rank)
+        default = torch.cuda.default_generators[torch.cuda.current_device()]
+        assert default.graphsafe_get_state() is default
+        other = default.clone_state()
+        other.manual_seed(7)
+        copy = other.clone_state()                      # a copy: stays at seed 7's start
+        default.graphsafe_set_state(other)              # the device now draws from `other`
+        a = torch.randn(4, device="cuda")
+        assert torch.cuda.default_generators[torch.cuda.current_device()] is other
+        assert not torch.equal(other.get_state(), copy.get_state())  # `other` advanced
+        expected = torch.randn(4, generator=copy)       # seed 7's first draw, on the CPU
+        assert torch.equal(a.cpu(), expected)
+        with pytest.raises(cocemu.Error, match="is not a device generator state"):
+            other.graphsafe_set_state(torch.Generator())
+        with pytest.raises(cocemu.Error, match="does not capture CUDA graphs"):
+            torch.cuda.CUDAGraph.register_generator_state(None, other)
+        return a.tolist()
+    r = ct.run(fn, world_size=2)
+    assert r.returns[0] == r.returns[1]  # both ranks drew seed 7's numbers, whatever their seed

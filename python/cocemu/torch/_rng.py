@@ -29,6 +29,44 @@ _swap_lock = threading.Lock()  # guards torch.default_generator while an op borr
 _ACCEL = ("cuda", "npu")
 
 
+class DeviceGenerator(torch.Generator):
+    """A rank's device generator: a CPU generator with the CUDA generator's graph-safe state API
+    that Megatron's `CudaRNGStatesTracker(use_cudagraphable_rng=True)` uses. A device draws from
+    the generator in its slot (`torch.cuda.default_generators[i]`): `graphsafe_get_state()` gives
+    that generator itself (its state shared, not copied), `graphsafe_set_state(g)` puts `g` in
+    the slot (the device then draws from g's state, advancing it), `clone_state()` gives a copy
+    outside any slot."""
+
+    _slot = None  # (RankRng, device index) while this generator is a device's default
+
+    def graphsafe_get_state(self):
+        self._require_slot("graphsafe_get_state")
+        return self
+
+    def graphsafe_set_state(self, state):
+        rng, index = self._require_slot("graphsafe_set_state")
+        if not isinstance(state, DeviceGenerator):
+            raise error(f"rank {rng.st.id}: Generator.graphsafe_set_state: state = {state!r} "
+                        f"({type(state).__name__}) is not a device generator state; allowed "
+                        f"what graphsafe_get_state() or clone_state() of a device generator "
+                        f"gives")
+        self._slot = None
+        state._slot = (rng, index)
+        rng.devices[index] = state
+
+    def clone_state(self):
+        g = DeviceGenerator()
+        g.set_state(self.get_state())
+        return g
+
+    def _require_slot(self, call):
+        if self._slot is None:
+            raise error(f"Generator.{call}: this generator is not a device's default generator "
+                        f"(torch.cuda.default_generators[i]); cocemu.torch shares graph-safe "
+                        f"states through the device's default generator only")
+        return self._slot
+
+
 class RankRng:
     """A rank's generators: `cpu`, and one per device of its node (made on first use)."""
 
@@ -43,7 +81,8 @@ class RankRng:
         i = self.local if index is None else index
         g = self.devices[i]
         if g is None:
-            g = self.devices[i] = torch.Generator()
+            g = self.devices[i] = DeviceGenerator()
+            g._slot = (self, i)
         return g
 
 
@@ -274,4 +313,14 @@ def install(npu):
     torch.cuda.is_initialized = _on_ranks(lambda: True, original_init, "is_initialized")
     original_lazy = torch.cuda._lazy_init
     torch.cuda._lazy_init = _on_ranks(lambda: None, original_lazy, "_lazy_init")
+    # Graph-safe RNG states need torch's CUDA graph API to name them; a CPU build has the class
+    # without the method. Registering a state with a graph: cocemu.torch captures no graphs.
+    if not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
+        torch.cuda.CUDAGraph.register_generator_state = _register_generator_state
     _installed = True
+
+
+def _register_generator_state(graph, generator):
+    raise error("torch.cuda.CUDAGraph.register_generator_state: cocemu.torch does not capture "
+                "CUDA graphs (graph-safe RNG states work without one: graphsafe_get_state, "
+                "graphsafe_set_state, clone_state)", code="unimplemented")

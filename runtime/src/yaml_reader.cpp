@@ -356,11 +356,21 @@ std::vector<std::string> YamlReader::keys() {
   return out;
 }
 
+namespace {
+/// A key as an error message shows it, quoted: whole up to 80 characters, else its start and its
+/// length (a key can be as long as the file).
+std::string quoted_key(const std::string& key) {
+  constexpr std::size_t kMax = 80, kShown = 60;
+  if (key.size() <= kMax) return fmt::format("'{}'", key);
+  return fmt::format("'{}…' ({} characters)", key.substr(0, kShown), key.size());
+}
+}  // namespace
+
 void YamlReader::finish() const {
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     const std::string key = it->first.Scalar();
-    COCEMU_CHECK(used_.count(key), Errc::parse_error, "{}: unknown key '{}{}'", where(it->first),
-                 path_.empty() ? "" : path_ + ".", key);
+    COCEMU_CHECK(used_.count(key), Errc::parse_error, "{}: unknown key {}", where(it->first),
+                 quoted_key((path_.empty() ? "" : path_ + ".") + key));
   }
 }
 

@@ -116,6 +116,15 @@ TEST(CocConfig, InvalidValuesAreClearErrors) {
                Errc::parse_error, {"k.yaml", "k_min 5000", "k_max 10"});
   expect_error([] { parse_coc_config("coc_magic: true\n", "u.yaml", env({})); }, Errc::parse_error,
                {"u.yaml:", "unknown key 'coc_magic'"});
+  // An unknown key of 1000 characters is shown by its start and its length, not whole.
+  expect_error([] { parse_coc_config(std::string(1000, 'k') + ": 1\n", "l.yaml", env({})); },
+               Errc::parse_error,
+               {"l.yaml:1", "unknown key '" + std::string(60, 'k') + "…' (1000 characters)"});
+  try {
+    parse_coc_config(std::string(1000, 'k') + ": 1\n", "l.yaml", env({}));
+  } catch (const cocemu::Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u) << e.what();
+  }
   expect_error([] { parse_coc_config("tiles_per_step: 16\n", "p.yaml", env({})); },
                Errc::parse_error, {"p.yaml:", "tiles_per_step", "[1, 15]"});
 }

@@ -797,6 +797,11 @@ TEST(Validate, AssumedLayoutsAndTheGainsRangeOverPlausibleLayouts) {
   EXPECT_TRUE(plain.rows[0].plausible_gains.empty());
   EXPECT_EQ(format_markdown(plain).find("Assumed layouts"), std::string::npos);
   EXPECT_EQ(format_validation(plain).find("[layout assumed]"), std::string::npos);
+  testing::expect_error([&] { validate(head + why + "    plausible_layouts: []\n", "none.yaml"); },
+                        Errc::parse_error, {"none.yaml", "plausible_layouts is empty"});
+  testing::expect_error(
+      [&] { validate(head + why + "    plausible_layouts:\n      - {tp: 3}\n", "tp.yaml"); },
+      Errc::parse_error, {"tp.yaml", "plausible_layouts[0]", "divisible by tp·pp·cp = 6"});
   testing::expect_error([&] { validate(head + alts, "noreason.yaml"); }, Errc::parse_error,
                         {"noreason.yaml", "plausible_layouts needs `assumption:`"});
   testing::expect_error([&] { validate(head + "    assumption: ''\n", "empty.yaml"); },
@@ -875,6 +880,14 @@ TEST(Validate, ShippedCalibrationAccountingIsExact) {
   }
   EXPECT_EQ(gains, 3);
   EXPECT_EQ(pipelines, 6);
+  // The Megatron-LM README's H100 table states no micro-batch, recompute or SP.
+  int h100 = 0;
+  for (const Reference& r : v.rows)
+    if (r.source.find("Megatron-LM README, Performance Benchmarking") != std::string::npos) {
+      ++h100;
+      EXPECT_FALSE(r.assumption.empty()) << r.name;
+    }
+  EXPECT_EQ(h100, 9);
   const std::string md = format_markdown(v);
   std::size_t marked = 0;
   for (std::size_t at = md.find("**untested**"); at != std::string::npos;

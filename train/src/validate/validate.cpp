@@ -355,8 +355,13 @@ Validation validate(const std::string& text, const std::string& origin) {
                      "a layout no source states)",
                      e.where());
         r.plausible_gains.push_back(r.modeled);
+        const std::vector<detail::YamlReader> alts = e.sequence("plausible_layouts");
+        COCEMU_CHECK(!alts.empty(), Errc::parse_error,
+                     "{}: plausible_layouts is empty; list at least one layout (a few `layout:` "
+                     "fields) or leave the key out",
+                     e.where());
         int n = 0;
-        for (detail::YamlReader alt : e.sequence("plausible_layouts")) {
+        for (detail::YamlReader alt : alts) {
           const std::string which = fmt::format("{}: plausible_layouts[{}]", alt.where(), n++);
           // Strictly read on its own first (unknown keys and bad values name the alternative),
           // then merged over the row's `layout:` and read as the row is.
@@ -370,9 +375,17 @@ Validation validate(const std::string& text, const std::string& origin) {
                        "{} must not set coc (or a CoC switch): the row compares serial with "
                        "fused itself",
                        which);
-          YAML::Node row = YAML::Clone(e.node());
+          // New maps over the row's nodes (which keep their lines for errors); the row's own
+          // nodes are not changed.
+          YAML::Node row(YAML::NodeType::Map), layout(YAML::NodeType::Map);
+          // (Keys by value: a YAML::Node key would match by identity and add a duplicate.)
+          for (const auto& kv : e.node())
+            row[kv.first.as<std::string>()] = kv.second;
+          for (const auto& kv : e.node()["layout"])
+            layout[kv.first.as<std::string>()] = kv.second;
           for (const auto& kv : alt.node())
-            row["layout"][kv.first.as<std::string>()] = kv.second;
+            layout[kv.first.as<std::string>()] = kv.second;
+          row["layout"] = layout;
           detail::YamlReader merged(row, e.file(), e.path());
           Reference scratch_row = r;
           Published run;

@@ -90,16 +90,19 @@ Validation validate(const std::string& yaml_text, const std::string& origin);
 /// configs/validation.yaml.
 Validation validate_shipped();
 std::string format_validation(const Validation& v);
-/// The references and the calibration (each fitted parameter, its value, fitted on, tested by
-/// with the deltas) as Markdown tables: the docs' calibration page.
+/// The references, the fused gains over their plausible layouts, the calibration (each fitted
+/// parameter, its value, the counts and lists of fitted on, same as fit and tested by, with the
+/// deltas; untested ones marked) and the assumed layouts as Markdown: the docs' calibration page.
 std::string format_markdown(const Validation& v);
 /// Runs `cocemu plan` for every `training` reference on its cluster and global batch (`threads`
 /// as plan's --threads) and fills plan_best, plan_matches and plan_gain_pct.
 void plan_training(Validation& v, int threads = 0);
 /// The training rows against plan's best, as a table.
 std::string format_plan_check(const Validation& v);
-/// `references[]` (name, kind, device, nodes, source, published, modeled, delta, fitted),
-/// `mean_abs_delta` and `max_abs_delta`, as JSON text.
+/// `references[]` (name, kind, device, nodes, source, published, modeled, delta, fitted,
+/// same_as_fit, assumption, plausible_gains, ...), `calibration[]` (device, parameter, value,
+/// fitted_on, same_as_fit, tested_by as 1-based row numbers, untested), `mean_abs_delta`,
+/// `mean_abs_delta_of_tests` and `max_abs_delta`, as JSON text.
 std::string validation_json(const Validation& v);
 
 }  // namespace cocemu::bench

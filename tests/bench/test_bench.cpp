@@ -7,6 +7,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -660,12 +661,21 @@ TEST(Validate, CalibrationListsFittedOnAndTestedBy) {
   const Calibration nic = find("topology.inter_node.bandwidth_efficiency");
   EXPECT_EQ(nic.tested_by, (std::vector<std::size_t>{7}));
   const std::string md = format_markdown(v);
-  EXPECT_NE(md.find("| profile | parameter | value | fitted on | tested by |"), std::string::npos);
-  EXPECT_NE(md.find("| h100-sxm | `compute.gemm.max_efficiency` | 0.8433 | fit (+"),
+  EXPECT_NE(md.find("| profile | parameter | value | rows: fitted on / same as fit / tested by | "
+                    "fitted on | same as fit | tested by |"),
+            std::string::npos);
+  EXPECT_NE(md.find("| h100-sxm | `compute.gemm.max_efficiency` | 0.8433 | 1 / 0 / 2 | #1 fit (+"),
             std::string::npos)
       << md;
   EXPECT_NE(md.find("| 2 | test | h100-sxm | TFLOPS |"), std::string::npos) << md;
-  EXPECT_NE(format_validation(v).find("tested by: [2]"), std::string::npos);
+  EXPECT_NE(md.find("| h100-sxm | `compute.gemm.half_efficiency_flops` | 5.6e+09 | 1 / 0 / 1 | "
+                    "#3 other fit (-2.0%) | — | #2 test (-0.1%) |"),
+            std::string::npos)
+      << md;
+  const std::string text = format_validation(v);
+  EXPECT_NE(text.find("    tested by (2): [2] "), std::string::npos) << text;
+  EXPECT_NE(text.find("3 fitted parameters, 0 untested"), std::string::npos) << text;
+  EXPECT_EQ(text.find("UNTESTED"), std::string::npos) << text;
   testing::expect_error(
       [] {
         validate(
@@ -674,6 +684,218 @@ TEST(Validate, CalibrationListsFittedOnAndTestedBy) {
             "tests.yaml");
       },
       Errc::parse_error, {"tests.yaml", "tested parameter 'warp.drive'", "h100-sxm"});
+}
+
+// The same-as-fit rule (issue 44 item 4): a row that would test a parameter but repeats the
+// model and layout of one of its fitted-on rows is that fit again. The rule is the run's
+// signature — model shape, parallel degrees, micro-batch, recompute, sequence parallelism — not
+// the global batch, the overlap switches or the CoC mode; a parameter left with only such rows
+// is untested, and a row that only repeats fits leaves the mean over tests.
+TEST(Validate, ARowRepeatingAFittedRunIsSameAsFitNotATest) {
+  const std::string model =
+      "    model: {hidden: 1024, heads: 8, layers: 4, vocab: 4096, seq: 1024}\n    gpus: 8\n";
+  const std::string base =
+      "tp: 8, pp: 1, recompute: none, sequence_parallel: false, distributed_optimizer: false, "
+      "coc: serial";
+  auto row = [&](const std::string& name, const std::string& kind, const std::string& extra,
+                 const std::string& layout) {
+    return "  - name: " + name + "\n    kind: " + kind + "\n    device: a100-sxm-cuda11\n" + extra +
+           model + "    layout: {" + base + ", " + layout + "}\n" +
+           (kind == "training" ? "    flops: model\n    published: 100\n"
+                               : "    pass: forward\n    published: 1\n") +
+           "    source: s\n";
+  };
+  const std::string fit =
+      row("layer fit", "layer", "    fitted: [compute.gemm.max_efficiency]\n",
+          "micro_batch_size: 2, global_batch_size: 2, overlap_grad_reduce: false");
+  const std::string tests = "    tests: [compute.gemm.max_efficiency]\n";
+  // The fit's run with another global batch and overlap: the same run.
+  const std::string same =
+      row("same run", "training", tests,
+          "micro_batch_size: 2, global_batch_size: 8, overlap_grad_reduce: true");
+  const std::string other = row("other micro-batch", "training", tests,
+                                "micro_batch_size: 1, global_batch_size: 8, "
+                                "overlap_grad_reduce: false");
+  const Validation v = validate("references:\n" + fit + same + other, "same.yaml");
+  ASSERT_EQ(v.calibration.size(), 1u);
+  const Calibration& c = v.calibration[0];
+  EXPECT_EQ(c.fitted_on, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(c.same_as_fit, (std::vector<std::size_t>{1}));
+  EXPECT_EQ(c.tested_by, (std::vector<std::size_t>{2}));
+  EXPECT_FALSE(c.untested());
+  EXPECT_FALSE(v.rows[1].run_signature.empty());
+  EXPECT_EQ(v.rows[1].run_signature, v.rows[0].run_signature);
+  EXPECT_NE(v.rows[2].run_signature, v.rows[0].run_signature);
+  EXPECT_EQ(v.rows[1].repeats_fit, (std::vector<std::size_t>{0}));
+  EXPECT_TRUE(v.rows[2].repeats_fit.empty());
+  EXPECT_FALSE(v.is_test_row(0));
+  EXPECT_FALSE(v.is_test_row(1));
+  EXPECT_TRUE(v.is_test_row(2));
+  EXPECT_DOUBLE_EQ(v.mean_abs_delta_tests_pct, std::fabs(v.rows[2].delta_pct));
+  EXPECT_NE(format_validation(v).find("[same as fit: the run of [1]]"), std::string::npos);
+  const std::string md = format_markdown(v);
+  EXPECT_NE(md.find("| same as fit #1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 1 / 1 / 1 |"), std::string::npos) << md;
+  const nlohmann::json j = nlohmann::json::parse(validation_json(v));
+  EXPECT_EQ(j["calibration"][0]["same_as_fit"], nlohmann::json::array({2}));
+  EXPECT_EQ(j["calibration"][0]["tested_by"], nlohmann::json::array({3}));
+  EXPECT_EQ(j["references"][1]["same_as_fit"], nlohmann::json::array({1}));
+
+  // With only repeats of the fit left, the parameter is untested, in every output.
+  const Validation only = validate("references:\n" + fit + same, "only.yaml");
+  ASSERT_EQ(only.calibration.size(), 1u);
+  EXPECT_TRUE(only.calibration[0].tested_by.empty());
+  EXPECT_TRUE(only.calibration[0].untested());
+  EXPECT_NE(format_validation(only).find("UNTESTED"), std::string::npos);
+  EXPECT_NE(format_validation(only).find("1 fitted parameters, 1 untested: a100-sxm-cuda11 "
+                                         "compute.gemm.max_efficiency"),
+            std::string::npos);
+  EXPECT_NE(format_markdown(only).find("| **untested** |"), std::string::npos);
+  EXPECT_TRUE(nlohmann::json::parse(validation_json(only))["calibration"][0]["untested"]);
+}
+
+// A layout no source states is an `assumption:` with its reason, shown in every output; a
+// coc_gain with an assumed layout reports its modeled gain over `plausible_layouts:` (fields
+// over the row's layout; the row's own first), and those need the assumption.
+TEST(Validate, AssumedLayoutsAndTheGainsRangeOverPlausibleLayouts) {
+  const std::string head =
+      "references:\n  - name: gain\n    kind: coc_gain\n    device: ascend-910b\n"
+      "    model: {hidden: 1024, heads: 8, layers: 4, vocab: 4096, seq: 1024}\n    gpus: 16\n"
+      "    layout: {tp: 8, pp: 2, micro_batch_size: 1, global_batch_size: 8, recompute: none, "
+      "sequence_parallel: true, distributed_optimizer: false, overlap_grad_reduce: false}\n"
+      "    published: 3\n    source: s\n";
+  const std::string why = "    assumption: the source gives the gain and TP 8 only\n";
+  const std::string alts =
+      "    plausible_layouts:\n      - {micro_batch_size: 1}\n"
+      "      - {sequence_parallel: false}\n      - {micro_batch_size: 2}\n";
+  const Validation v = validate(head + why + alts, "assumed.yaml");
+  const Reference& r = v.rows.at(0);
+  EXPECT_EQ(r.assumption, "the source gives the gain and TP 8 only");
+  ASSERT_EQ(r.plausible_gains.size(), 4u);
+  EXPECT_EQ(r.plausible_gains[0], r.modeled);
+  EXPECT_EQ(r.plausible_gains[1], r.modeled);  // the row's own layout again: the same gain
+  EXPECT_NE(r.plausible_gains[2], r.modeled);  // without sequence parallelism: another run
+  const auto [lo, hi] = std::minmax_element(r.plausible_gains.begin(), r.plausible_gains.end());
+  const std::string range = fmt::format("{:+.2f} to {:+.2f}%", *lo, *hi);
+  const std::string md = format_markdown(v);
+  EXPECT_NE(md.find("| 1 | gain | +3.00% | " + fmt::format("{:+.2f}%", r.modeled) + " | " + range +
+                    " | 4 |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("; *layout assumed* |"), std::string::npos) << md;
+  EXPECT_NE(md.find("## Assumed layouts"), std::string::npos) << md;
+  EXPECT_NE(md.find("- #1 gain: the source gives the gain and TP 8 only"), std::string::npos) << md;
+  const std::string text = format_validation(v);
+  EXPECT_NE(text.find("[layout assumed]"), std::string::npos) << text;
+  EXPECT_NE(text.find(range + " over 4 plausible layouts"), std::string::npos) << text;
+  EXPECT_NE(text.find("[1] the source gives the gain and TP 8 only"), std::string::npos) << text;
+  const nlohmann::json j = nlohmann::json::parse(validation_json(v));
+  EXPECT_EQ(j["references"][0]["assumption"], r.assumption);
+  EXPECT_EQ(j["references"][0]["plausible_gains"].size(), 4u);
+  // No assumption: no section, no marker.
+  const Validation plain = validate(head, "plain.yaml");
+  EXPECT_TRUE(plain.rows[0].plausible_gains.empty());
+  EXPECT_EQ(format_markdown(plain).find("Assumed layouts"), std::string::npos);
+  EXPECT_EQ(format_validation(plain).find("[layout assumed]"), std::string::npos);
+  testing::expect_error([&] { validate(head + why + "    plausible_layouts: []\n", "none.yaml"); },
+                        Errc::parse_error, {"none.yaml", "plausible_layouts is empty"});
+  testing::expect_error(
+      [&] { validate(head + why + "    plausible_layouts:\n      - {tp: 3}\n", "tp.yaml"); },
+      Errc::parse_error, {"tp.yaml", "plausible_layouts[0]", "divisible by tp·pp·cp = 6"});
+  testing::expect_error([&] { validate(head + alts, "noreason.yaml"); }, Errc::parse_error,
+                        {"noreason.yaml", "plausible_layouts needs `assumption:`"});
+  testing::expect_error([&] { validate(head + "    assumption: ''\n", "empty.yaml"); },
+                        Errc::parse_error, {"empty.yaml", "assumption is empty"});
+  testing::expect_error(
+      [&] { validate(head + why + "    plausible_layouts:\n      - {coc: fused}\n", "coc.yaml"); },
+      Errc::parse_error, {"coc.yaml", "plausible_layouts[0]", "must not set coc"});
+  testing::expect_error(
+      [&] { validate(head + why + "    plausible_layouts:\n      - {warp: 9}\n", "key.yaml"); },
+      Errc::parse_error, {"key.yaml", "warp"});
+}
+
+// The shipped references' accounting, exactly (issue 44 item 4): the parameters fitted on
+// several rows, the three untested 910B parameters, Korthikanti et al.'s Table 5 22B runs as
+// repeats of the Table 4 layer fit, and the assumed layouts (the fused CoC gains, Korthikanti
+// et al.'s pipelines). Every parameter's three lists are disjoint and cover only its profile.
+TEST(Validate, ShippedCalibrationAccountingIsExact) {
+  const Validation v = validate_shipped();
+  std::map<std::string, const Calibration*> cal;
+  for (const Calibration& c : v.calibration) {
+    cal[c.device + " " + c.key] = &c;
+    std::vector<std::size_t> all = c.fitted_on;
+    all.insert(all.end(), c.same_as_fit.begin(), c.same_as_fit.end());
+    all.insert(all.end(), c.tested_by.begin(), c.tested_by.end());
+    std::sort(all.begin(), all.end());
+    EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << c.key;
+    for (std::size_t i : all)
+      EXPECT_EQ(v.rows.at(i).device, c.device) << c.key;
+    EXPECT_EQ(c.untested(), c.tested_by.empty());
+  }
+  auto counts = [&](const std::string& key) {
+    const auto it = cal.find(key);
+    if (it == cal.end()) {
+      ADD_FAILURE() << key;
+      return std::array<std::size_t, 3>{};
+    }
+    return std::array<std::size_t, 3>{it->second->fitted_on.size(), it->second->same_as_fit.size(),
+                                      it->second->tested_by.size()};
+  };
+  using C = std::array<std::size_t, 3>;
+  EXPECT_EQ(counts("h100-sxm topology.inter_node.bandwidth_efficiency"), (C{2, 0, 1}));
+  EXPECT_EQ(counts("a100-sxm-cuda11 compute.gemm.max_efficiency"), (C{10, 2, 16}));
+  EXPECT_EQ(counts("a100-sxm-cuda11 memory.in_training_efficiency"), (C{4, 1, 17}));
+  EXPECT_EQ(counts("h100-sxm compute.gemm.half_efficiency_flops"), (C{6, 0, 1}));
+  EXPECT_EQ(counts("ascend-910b fused.step_overhead_ns"), (C{1, 0, 2}));
+  std::vector<std::string> untested;
+  for (const Calibration& c : v.calibration)
+    if (c.untested()) untested.push_back(c.device + " " + c.key);
+  std::sort(untested.begin(), untested.end());
+  EXPECT_EQ(untested, (std::vector<std::string>{"ascend-910b compute.gemm.max_efficiency",
+                                                "ascend-910b compute.peak_flops.f32",
+                                                "ascend-910b memory.bandwidth_bytes_per_s"}));
+  // The same-as-fit rows are Table 5's 22B runs, each repeating Table 4 rows of its layout.
+  for (std::size_t s : cal.at("a100-sxm-cuda11 compute.gemm.max_efficiency")->same_as_fit) {
+    EXPECT_TRUE(v.rows[s].name.starts_with("GPT 22B, 8x A100")) << v.rows[s].name;
+    EXPECT_EQ(v.rows[s].kind, "training");
+    ASSERT_FALSE(v.rows[s].repeats_fit.empty());
+    for (std::size_t f : v.rows[s].repeats_fit)
+      EXPECT_EQ(v.rows[f].kind, "layer") << v.rows[f].name;
+  }
+  // Assumed layouts: every fused gain (with its range over plausible layouts, which holds the
+  // row's own gain) and every Korthikanti et al. run with a pipeline.
+  int gains = 0, pipelines = 0;
+  for (const Reference& r : v.rows) {
+    if (r.kind == "coc_gain") {
+      ++gains;
+      EXPECT_FALSE(r.assumption.empty()) << r.name;
+      ASSERT_GE(r.plausible_gains.size(), 2u) << r.name;
+      EXPECT_EQ(r.plausible_gains.front(), r.modeled) << r.name;
+    }
+    if (r.training && r.source.find("Korthikanti") != std::string::npos &&
+        r.training->options.layout.pp > 1) {
+      ++pipelines;
+      EXPECT_FALSE(r.assumption.empty()) << r.name;
+    }
+  }
+  EXPECT_EQ(gains, 3);
+  EXPECT_EQ(pipelines, 6);
+  // The Megatron-LM README's H100 table states no micro-batch, recompute or SP.
+  int h100 = 0;
+  for (const Reference& r : v.rows)
+    if (r.source.find("Megatron-LM README, Performance Benchmarking") != std::string::npos) {
+      ++h100;
+      EXPECT_FALSE(r.assumption.empty()) << r.name;
+    }
+  EXPECT_EQ(h100, 9);
+  const std::string md = format_markdown(v);
+  std::size_t marked = 0;
+  for (std::size_t at = md.find("**untested**"); at != std::string::npos;
+       at = md.find("**untested**", at + 1))
+    ++marked;
+  EXPECT_EQ(marked, untested.size() + 1) << md;  // each row, and the prose above the table
+  EXPECT_NE(md.find("## Fused CoC gains over plausible layouts"), std::string::npos);
+  EXPECT_NE(md.find("3 are **untested**"), std::string::npos);
 }
 
 // validate --plan: for each published run, plan on the same cluster and batch; the published

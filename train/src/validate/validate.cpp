@@ -129,6 +129,21 @@ std::shared_ptr<TrainSetup> resolve_published(const Published& pub, const Device
   return setup;
 }
 
+/// What makes two rows the same run: the model's shape and how it is split and computed per
+/// micro-batch (the parallel degrees, micro-batch, recompute, sequence parallelism). The global
+/// batch, the overlap switches and the CoC mode are left out: they change how a run's parts are
+/// scheduled, not which layer is measured.
+std::string run_signature(const TrainSetup& setup) {
+  const auto& m = setup.options.model;
+  const auto& l = setup.options.layout;
+  return fmt::format(
+      "h{} a{} kv{} f{} L{} V{} s{} swiglu{} flash{} msf{} | tp{} cp{} pp{} vpp{} dp{} "
+      "stages[{}] mbs{} recompute{} sp{}",
+      m.hidden, m.heads, m.kv(), m.ffn, m.num_layers, m.vocab, m.seq, m.swiglu, m.flash_attention,
+      m.masked_softmax_fusion, l.tp, l.cp, l.pp, l.vpp, l.dp, fmt::join(l.stage_layers, ","),
+      l.micro_batch_size, int(l.recompute), l.sequence_parallel);
+}
+
 std::shared_ptr<TrainSetup> published_setup(detail::YamlReader& e, Reference& r,
                                             const DeviceProfile& profile) {
   return resolve_published(published_settings(e, r, profile), profile);
@@ -181,6 +196,7 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
     r.conversion = "model FLOPs as published";
   }
   r.unit = "model TFLOP/s per device";
+  r.run_signature = run_signature(*setup);
   const TrainReport rep = model_step(*setup);
   r.modeled = rep.tflops_per_device;
   r.iteration_ms = double(rep.iteration_ns) / 1e6;
@@ -192,6 +208,15 @@ std::shared_ptr<const TrainSetup> modeled_training(detail::YamlReader& e, Refere
 
 }  // namespace
 
+bool Validation::is_test_row(std::size_t i) const {
+  COCEMU_CHECK_ARG(i < rows.size(), "validate: row {} out of range; {} rows", i, rows.size());
+  if (!rows[i].fitted.empty()) return false;
+  if (rows[i].repeats_fit.empty()) return true;
+  return std::any_of(calibration.begin(), calibration.end(), [&](const Calibration& c) {
+    return std::find(c.tested_by.begin(), c.tested_by.end(), i) != c.tested_by.end();
+  });
+}
+
 Validation validate(const std::string& text, const std::string& origin) {
   auto top = detail::YamlReader::parse(text, origin, "validation references");
   Validation v;
@@ -202,6 +227,12 @@ Validation validate(const std::string& text, const std::string& origin) {
     r.device = e.string("device");
     r.published = e.number("published", -1e12, 1e12);
     r.source = e.string("source");
+    if (e.has("assumption")) {
+      r.assumption = e.string("assumption");
+      COCEMU_CHECK(!r.assumption.empty(), Errc::parse_error,
+                   "{}: assumption is empty; say which settings no source states and why",
+                   e.where());
+    }
     DeviceProfile p = load_named_profile(r.device);
     for (const char* list : {"fitted", "tests"})
       if (e.has(list))
@@ -300,14 +331,76 @@ Validation validate(const std::string& text, const std::string& origin) {
                    "{}: a coc_gain reference compares serial with fused itself; its layout must "
                    "not set coc (or a CoC switch)",
                    e.where());
-      pub.settings.coc.set("serial", e.where());
-      const double serial = double(model_step(*resolve_published(pub, p)).iteration_ns);
-      pub.settings.coc.set("fused", e.where());
-      const TrainReport f = model_step(*resolve_published(pub, p));
+      // The gain of one layout; returns the serial iteration (ns) through `serial_ns`.
+      auto gain = [&](Published run, double* serial_ns) {
+        run.settings.coc.set("serial", e.where());
+        const auto serial_setup = resolve_published(run, p);
+        const double serial = double(model_step(*serial_setup).iteration_ns);
+        run.settings.coc.set("fused", e.where());
+        const TrainReport f = model_step(*resolve_published(run, p));
+        if (serial_ns) *serial_ns = serial;
+        if (r.run_signature.empty()) r.run_signature = run_signature(*serial_setup);
+        return 100.0 * (serial / double(f.iteration_ns) - 1);
+      };
+      double serial = 0;
       r.unit = "% end-to-end gain (delta in points)";
-      r.modeled = 100.0 * (serial / double(f.iteration_ns) - 1);
+      r.modeled = gain(pub, &serial);
       r.iteration_ms = serial / 1e6;
       r.gain_row = true;
+      // Layouts the source does not rule out, each a few `layout:` fields over the row's: the
+      // spread of the modeled gain over them (the row's own layout first).
+      if (e.has("plausible_layouts")) {
+        COCEMU_CHECK(!r.assumption.empty(), Errc::parse_error,
+                     "{}: plausible_layouts needs `assumption:` (alternatives to a layout are for "
+                     "a layout no source states)",
+                     e.where());
+        r.plausible_gains.push_back(r.modeled);
+        const std::vector<detail::YamlReader> alts = e.sequence("plausible_layouts");
+        COCEMU_CHECK(!alts.empty(), Errc::parse_error,
+                     "{}: plausible_layouts is empty; list at least one layout (a few `layout:` "
+                     "fields) or leave the key out",
+                     e.where());
+        int n = 0;
+        for (detail::YamlReader alt : alts) {
+          const std::string which = fmt::format("{}: plausible_layouts[{}]", alt.where(), n++);
+          // Strictly read on its own first (unknown keys and bad values name the alternative),
+          // then merged over the row's `layout:` and read as the row is.
+          TrainSettings scratch;
+          read_layout_fields(alt, scratch);
+          alt.finish();
+          COCEMU_CHECK(!scratch.coc.value && !scratch.coc_config.value &&
+                           !scratch.use_ascend_coc.value && !scratch.coc_fused_kernel.value &&
+                           !scratch.tp_comm_overlap.value,
+                       Errc::parse_error,
+                       "{} must not set coc (or a CoC switch): the row compares serial with "
+                       "fused itself",
+                       which);
+          // New maps over the row's nodes (which keep their lines for errors); the row's own
+          // nodes are not changed.
+          YAML::Node row(YAML::NodeType::Map), layout(YAML::NodeType::Map);
+          // (Keys by value: a YAML::Node key would match by identity and add a duplicate.)
+          for (const auto& kv : e.node())
+            row[kv.first.as<std::string>()] = kv.second;
+          for (const auto& kv : e.node()["layout"])
+            layout[kv.first.as<std::string>()] = kv.second;
+          for (const auto& kv : alt.node())
+            layout[kv.first.as<std::string>()] = kv.second;
+          row["layout"] = layout;
+          detail::YamlReader merged(row, e.file(), e.path());
+          Reference scratch_row = r;
+          Published run;
+          try {
+            run = published_settings(merged, scratch_row, p);
+          } catch (const Error& err) {  // say which alternative
+            throw Error(err.code(), fmt::format("{}: {}", which, err.message()), err.origin());
+          }
+          try {
+            r.plausible_gains.push_back(gain(run, nullptr));
+          } catch (const Error& err) {  // say which alternative (an invalid combination)
+            throw Error(err.code(), fmt::format("{}: {}", which, err.message()), err.origin());
+          }
+        }
+      }
     } else if (r.kind == "layer") {
       // One transformer layer's forward or backward (with what the layout recomputes in it) on
       // one device for one micro-batch, as the step model prices it (price_parts).
@@ -315,6 +408,7 @@ Validation validate(const std::string& text, const std::string& origin) {
       COCEMU_CHECK(pass == "forward" || pass == "backward", Errc::parse_error,
                    "{}: pass '{}'; allowed forward, backward", e.where(), pass);
       const std::shared_ptr<TrainSetup> setup = published_setup(e, r, p);
+      r.run_signature = run_signature(*setup);
       const StepParts parts = price_parts(*setup);
       r.unit = "ms";
       r.modeled = (pass == "forward" ? parts.layer_fwd.ns : parts.layer_bwd.ns) / 1e6;
@@ -335,21 +429,10 @@ Validation validate(const std::string& text, const std::string& origin) {
   }
   top.finish();
   COCEMU_CHECK(!v.rows.empty(), Errc::parse_error, "{}: no references", origin);
-  int tests = 0, relative = 0;
-  for (const Reference& r : v.rows)
-    relative += !r.gain_row;
-  for (const Reference& r : v.rows) {
-    if (r.gain_row) continue;  // points of gain, not a relative error: reported apart
-    v.mean_abs_delta_pct += std::fabs(r.delta_pct) / double(relative);
-    v.max_abs_delta_pct = std::max(v.max_abs_delta_pct, std::fabs(r.delta_pct));
-    if (r.fitted.empty()) {
-      v.mean_abs_delta_tests_pct += std::fabs(r.delta_pct);
-      ++tests;
-    }
-  }
-  if (tests > 0) v.mean_abs_delta_tests_pct /= tests;
-  // Each fitted parameter: fitted on its rows, tested by the other rows of its profile of the
-  // kinds it was fitted on, and by rows that name it under `tests:`.
+  // Each fitted parameter: fitted on its rows; its candidate tests are the other rows of its
+  // profile of the kinds it was fitted on, and rows that name it under `tests:`; a candidate
+  // that repeats the run of one of its fitted-on rows (the same run_signature) is that fit
+  // again, counted same-as-fit.
   for (std::size_t i = 0; i < v.rows.size(); ++i)
     for (const std::string& key : v.rows[i].fitted) {
       auto it = std::find_if(v.calibration.begin(), v.calibration.end(), [&](const auto& c) {
@@ -357,7 +440,7 @@ Validation validate(const std::string& text, const std::string& origin) {
       });
       if (it == v.calibration.end()) {
         v.calibration.push_back(
-            {v.rows[i].device, key, load_named_profile(v.rows[i].device).value(key), {}, {}});
+            {v.rows[i].device, key, load_named_profile(v.rows[i].device).value(key), {}, {}, {}});
         it = std::prev(v.calibration.end());
       }
       it->fitted_on.push_back(i);
@@ -374,8 +457,32 @@ Validation validate(const std::string& text, const std::string& origin) {
       // A row fitted on some parameter is not a test of another (fits were made together); the
       // network's parameters are tested only by references that span nodes.
       const bool crosses = !c.key.starts_with("topology.inter_node") || r.nodes > 1;
-      if (named || (same_kind && r.fitted.empty() && crosses)) c.tested_by.push_back(j);
+      if (!named && !(same_kind && r.fitted.empty() && crosses)) continue;
+      std::vector<std::size_t> repeated;
+      if (!r.run_signature.empty())
+        for (std::size_t i : c.fitted_on)
+          if (v.rows[i].run_signature == r.run_signature) repeated.push_back(i);
+      (repeated.empty() ? c.tested_by : c.same_as_fit).push_back(j);
+      for (std::size_t i : repeated)
+        if (std::find(r.repeats_fit.begin(), r.repeats_fit.end(), i) == r.repeats_fit.end())
+          v.rows[j].repeats_fit.push_back(i);
     }
+  for (Reference& r : v.rows)
+    std::sort(r.repeats_fit.begin(), r.repeats_fit.end());
+  int tests = 0, relative = 0;
+  for (const Reference& r : v.rows)
+    relative += !r.gain_row;
+  for (std::size_t i = 0; i < v.rows.size(); ++i) {
+    const Reference& r = v.rows[i];
+    if (r.gain_row) continue;  // points of gain, not a relative error: reported apart
+    v.mean_abs_delta_pct += std::fabs(r.delta_pct) / double(relative);
+    v.max_abs_delta_pct = std::max(v.max_abs_delta_pct, std::fabs(r.delta_pct));
+    if (v.is_test_row(i)) {
+      v.mean_abs_delta_tests_pct += std::fabs(r.delta_pct);
+      ++tests;
+    }
+  }
+  if (tests > 0) v.mean_abs_delta_tests_pct /= tests;
   return v;
 }
 
@@ -384,21 +491,62 @@ Validation validate_shipped() {
   return validate(read_input_file(path, "validation references"), path);
 }
 
+namespace {
+
+/// The fitted rows (1-based numbers) whose run row i repeats.
+std::vector<std::size_t> repeated_fits(const Validation& v, std::size_t i) {
+  std::vector<std::size_t> fits;
+  for (std::size_t f : v.rows[i].repeats_fit)
+    fits.push_back(f + 1);
+  return fits;
+}
+
+/// "6.10 to 8.20" over a coc_gain row's plausible layouts.
+std::string gain_range(const Reference& r) {
+  const auto [lo, hi] = std::minmax_element(r.plausible_gains.begin(), r.plausible_gains.end());
+  return fmt::format("{:+.2f} to {:+.2f}", *lo, *hi);
+}
+
+std::vector<std::size_t> untested_parameters(const Validation& v) {
+  std::vector<std::size_t> out;
+  for (std::size_t k = 0; k < v.calibration.size(); ++k)
+    if (v.calibration[k].untested()) out.push_back(k);
+  return out;
+}
+
+/// How many rows only test the model (with or without the gains, which are reported apart).
+int test_rows(const Validation& v, bool gains) {
+  int n = 0;
+  for (std::size_t i = 0; i < v.rows.size(); ++i)
+    n += v.is_test_row(i) && (gains || !v.rows[i].gain_row);
+  return n;
+}
+
+}  // namespace
+
 std::string format_validation(const Validation& v) {
   std::string out = fmt::format("{:<3} {:<72} {:>10} {:>10} {:>8}\n", "#", "reference", "published",
                                 "modeled", "delta %");
   for (std::size_t i = 0; i < v.rows.size(); ++i) {
     const Reference& r = v.rows[i];
+    const auto repeats = repeated_fits(v, i);
     out += fmt::format(
-        "{:<3} {:<72} {:>10.1f} {:>10.1f} {:>+8.1f}   {} on {}{}{}\n", i + 1, r.name, r.published,
-        r.modeled, r.delta_pct, r.unit, r.device,
+        "{:<3} {:<72} {:>10.1f} {:>10.1f} {:>+8.1f}   {} on {}{}{}{}{}\n", i + 1, r.name,
+        r.published, r.modeled, r.delta_pct, r.unit, r.device,
         r.nodes > 1 ? fmt::format(", {} nodes", r.nodes) : "",
-        r.fitted.empty() ? "" : "  [fitted: " + fmt::format("{}", fmt::join(r.fitted, ", ")) + "]");
+        r.fitted.empty() ? "" : "  [fitted: " + fmt::format("{}", fmt::join(r.fitted, ", ")) + "]",
+        repeats.empty()
+            ? ""
+            : fmt::format("  [same as fit: the run of [{}]{}]", fmt::join(repeats, "], ["),
+                          v.is_test_row(i) ? "; tests other parameters" : ""),
+        r.assumption.empty() ? "" : "  [layout assumed]");
   }
   out += fmt::format(
       "\nmean |delta| {:.1f}%   max |delta| {:.1f}%   ({} references; [fitted] rows set the "
-      "named parameters, the others only test the model: mean |delta| over those {:.1f}%)\n",
-      v.mean_abs_delta_pct, v.max_abs_delta_pct, v.rows.size(), v.mean_abs_delta_tests_pct);
+      "named parameters, [same as fit] rows repeat a fitted run, the other {} only test the "
+      "model: mean |delta| over the {} that are not gains {:.1f}%)\n",
+      v.mean_abs_delta_pct, v.max_abs_delta_pct, v.rows.size(), test_rows(v, true),
+      test_rows(v, false), v.mean_abs_delta_tests_pct);
   double train_sum = 0, train_max = 0;
   int train_rows = 0;
   for (const Reference& r : v.rows)
@@ -442,15 +590,25 @@ std::string format_validation(const Validation& v) {
       gain_sum += std::fabs(r.delta_pct);
       gain_max = std::max(gain_max, std::fabs(r.delta_pct));
     }
-  if (gains > 0)
+  if (gains > 0) {
     out += fmt::format(
         "end-to-end gains: {} references, mean |delta| {:.2f} points, max {:.2f} points (modeled "
         "gain of the fused CoC kernels over serial TP linears minus the published gain)\n",
         gains, gain_sum / gains, gain_max);
+    for (std::size_t i = 0; i < v.rows.size(); ++i) {
+      const Reference& r = v.rows[i];
+      if (!r.gain_row || r.plausible_gains.empty()) continue;
+      out += fmt::format(
+          "  [{}] published {:+.2f}%, modeled {:+.2f}% at the row's layout, {}% over {} "
+          "plausible layouts\n",
+          i + 1, r.published, r.modeled, gain_range(r), r.plausible_gains.size());
+    }
+  }
   if (!v.calibration.empty()) {
     out +=
-        "\ncalibration: each fitted parameter, the references it was fitted on and those that "
-        "test it (delta %, points for gains):\n";
+        "\ncalibration: each fitted parameter, the references it was fitted on, those that repeat "
+        "a fitted run (same model and layout: the fit again, not a test) and those that test it "
+        "(delta %, points for gains):\n";
     for (const Calibration& c : v.calibration) {
       auto list = [&](const std::vector<std::size_t>& rows) {
         std::string s;
@@ -458,10 +616,27 @@ std::string format_validation(const Validation& v) {
           s += fmt::format("{}[{}] {:+.1f}", s.empty() ? "" : ", ", i + 1, v.rows[i].delta_pct);
         return s.empty() ? std::string("none") : s;
       };
-      out += fmt::format("  {} {} = {:.6g}\n    fitted on: {}\n    tested by: {}\n", c.device,
-                         c.key, c.value, list(c.fitted_on), list(c.tested_by));
+      out += fmt::format("  {} {} = {:.6g}{}\n    fitted on ({}): {}\n", c.device, c.key, c.value,
+                         c.untested() ? "  UNTESTED" : "", c.fitted_on.size(), list(c.fitted_on));
+      if (!c.same_as_fit.empty())
+        out += fmt::format("    same as fit ({}): {}\n", c.same_as_fit.size(), list(c.same_as_fit));
+      out += fmt::format("    tested by ({}): {}\n", c.tested_by.size(),
+                         c.untested() ? "none (untested)" : list(c.tested_by));
     }
+    const auto untested = untested_parameters(v);
+    std::vector<std::string> names;
+    for (std::size_t k : untested)
+      names.push_back(v.calibration[k].device + " " + v.calibration[k].key);
+    out += fmt::format("  {} fitted parameters, {} untested{}{}\n", v.calibration.size(),
+                       untested.size(), untested.empty() ? "" : ": ", fmt::join(names, ", "));
   }
+  bool assumed = false;
+  for (std::size_t i = 0; i < v.rows.size(); ++i)
+    if (!v.rows[i].assumption.empty()) {
+      if (!assumed) out += "\nassumed layouts (settings no source states, and why):\n";
+      assumed = true;
+      out += fmt::format("[{}] {}\n", i + 1, v.rows[i].assumption);
+    }
   out += "\nsources:\n";
   for (std::size_t i = 0; i < v.rows.size(); ++i)
     out += fmt::format("[{}] {}\n", i + 1, v.rows[i].source);
@@ -482,38 +657,86 @@ std::string format_markdown(const Validation& v) {
   std::string out = "## References\n\n";
   out += fmt::format(
       "{} published measurements, each modeled on its device profile (`cocemu validate`). A "
-      "reference marked *fits* set the named profile parameters; all others only test the "
-      "model.\n\n",
-      v.rows.size());
+      "reference marked *fits* set the named profile parameters; one marked *same as fit* "
+      "repeats the model and layout of a fitted reference (a rule in `validate`: the same model "
+      "shape, parallel degrees, micro-batch, recompute and sequence parallelism), so it does not "
+      "test the parameters fitted there; the other {} only test the model. *layout assumed*: the "
+      "source does not state "
+      "part of the run's layout (below, with why).\n\n",
+      v.rows.size(), test_rows(v, true));
   out += "| # | reference | profile | unit | published | modeled | delta | role |\n";
   out += "|---|---|---|---|---|---|---|---|\n";
   for (std::size_t i = 0; i < v.rows.size(); ++i) {
     const Reference& r = v.rows[i];
     std::string role = "tests";
-    if (!r.fitted.empty()) role = "fits " + fmt::format("`{}`", fmt::join(r.fitted, "`, `"));
+    const auto repeats = repeated_fits(v, i);
+    if (!r.fitted.empty())
+      role = "fits " + fmt::format("`{}`", fmt::join(r.fitted, "`, `"));
+    else if (!repeats.empty())
+      role = fmt::format("same as fit #{}{}", fmt::join(repeats, ", #"),
+                         v.is_test_row(i) ? "; tests other parameters" : "");
+    if (!r.assumption.empty()) role += "; *layout assumed*";
     out += fmt::format("| {} | {} | {}{} | {} | {:.4g} | {:.4g} | {} | {} |\n", i + 1, cell(r.name),
                        r.device, r.nodes > 1 ? fmt::format(" ({} nodes)", r.nodes) : "",
                        cell(r.unit), r.published, r.modeled, delta(r), role);
   }
   out += fmt::format(
       "\nDevice and cluster references and training runs: mean |delta| {:.1f}%, max {:.1f}%; "
-      "over the references that only test the model, mean {:.1f}%.\n",
-      v.mean_abs_delta_pct, v.max_abs_delta_pct, v.mean_abs_delta_tests_pct);
+      "over the {} references that only test the model, mean {:.1f}%.\n",
+      v.mean_abs_delta_pct, v.max_abs_delta_pct, test_rows(v, false), v.mean_abs_delta_tests_pct);
+  bool ranges = false;
+  for (const Reference& r : v.rows)
+    ranges = ranges || !r.plausible_gains.empty();
+  if (ranges) {
+    out +=
+        "\n## Fused CoC gains over plausible layouts\n\nThe source gives each gain and TP 8 "
+        "only; the row's layout is assumed. The modeled gain at that layout and its range over "
+        "the layouts listed under the row's `plausible_layouts:` in "
+        "`configs/validation.yaml` (the row's own included).\n\n"
+        "| # | reference | published | modeled at the row's layout | modeled over plausible "
+        "layouts | layouts |\n|---|---|---|---|---|---|\n";
+    for (std::size_t i = 0; i < v.rows.size(); ++i) {
+      const Reference& r = v.rows[i];
+      if (r.plausible_gains.empty()) continue;
+      out += fmt::format("| {} | {} | {:+.2f}% | {:+.2f}% | {}% | {} |\n", i + 1, cell(r.name),
+                         r.published, r.modeled, gain_range(r), r.plausible_gains.size());
+    }
+  }
+  const auto untested = untested_parameters(v);
+  out += fmt::format(
+      "\n## Calibration\n\n{} fitted parameters. Each with every reference it was fitted on, "
+      "those that repeat a fitted run (*same as fit*: not tests), and those that test it, with "
+      "their counts and the delta of each reference; {} {} **untested** (no reference tests "
+      "{}).\n\n",
+      v.calibration.size(), untested.size(), untested.size() == 1 ? "is" : "are",
+      untested.size() == 1 ? "it" : "them");
   out +=
-      "\n## Calibration\n\nEach fitted parameter, what it was fitted on and what tests it "
-      "(delta of each reference).\n\n";
-  out += "| profile | parameter | value | fitted on | tested by |\n|---|---|---|---|---|\n";
+      "| profile | parameter | value | rows: fitted on / same as fit / tested by | fitted on | "
+      "same "
+      "as fit | tested by |\n|---|---|---|---|---|---|---|\n";
   for (const Calibration& c : v.calibration) {
     auto list = [&](const std::vector<std::size_t>& rows) {
       std::string s;
       for (std::size_t i : rows)
-        s +=
-            fmt::format("{}{} ({})", s.empty() ? "" : "; ", cell(v.rows[i].name), delta(v.rows[i]));
+        s += fmt::format("{}#{} {} ({})", s.empty() ? "" : "; ", i + 1, cell(v.rows[i].name),
+                         delta(v.rows[i]));
       return s.empty() ? std::string("—") : s;
     };
-    out += fmt::format("| {} | `{}` | {:.6g} | {} | {} |\n", c.device, c.key, c.value,
-                       list(c.fitted_on), list(c.tested_by));
+    out += fmt::format("| {} | `{}` | {:.6g} | {} / {} / {} | {} | {} | {} |\n", c.device, c.key,
+                       c.value, c.fitted_on.size(), c.same_as_fit.size(), c.tested_by.size(),
+                       list(c.fitted_on), list(c.same_as_fit),
+                       c.untested() ? std::string("**untested**") : list(c.tested_by));
   }
+  bool assumed = false;
+  for (std::size_t i = 0; i < v.rows.size(); ++i)
+    if (!v.rows[i].assumption.empty()) {
+      if (!assumed)
+        out +=
+            "\n## Assumed layouts\n\nReferences whose layout no source states in full: what is "
+            "assumed and why (`assumption:` in `configs/validation.yaml`).\n\n";
+      assumed = true;
+      out += fmt::format("- #{} {}: {}\n", i + 1, cell(v.rows[i].name), cell(v.rows[i].assumption));
+    }
   out += "\n## Sources\n\n";
   for (std::size_t i = 0; i < v.rows.size(); ++i)
     out += fmt::format("{}. {}\n", i + 1, cell(v.rows[i].source));
@@ -522,7 +745,8 @@ std::string format_markdown(const Validation& v) {
 
 std::string validation_json(const Validation& v) {
   nlohmann::json refs = nlohmann::json::array();
-  for (const Reference& r : v.rows)
+  for (std::size_t i = 0; i < v.rows.size(); ++i) {
+    const Reference& r = v.rows[i];
     refs.push_back({{"name", r.name},
                     {"kind", r.kind},
                     {"device", r.device},
@@ -533,6 +757,9 @@ std::string validation_json(const Validation& v) {
                     {"modeled", r.modeled},
                     {"delta", r.delta_pct / 100.0},
                     {"fitted", r.fitted},
+                    {"same_as_fit", repeated_fits(v, i)},
+                    {"assumption", r.assumption},
+                    {"plausible_gains", r.plausible_gains},
                     {"published_as_stated", r.published_as_stated},
                     {"conversion", r.conversion},
                     {"iteration_ms", r.iteration_ms},
@@ -544,7 +771,25 @@ std::string validation_json(const Validation& v) {
                     {"plan_published_mfu", r.plan_published_mfu},
                     {"plan_best_mfu", r.plan_best_mfu},
                     {"plan_best_tp_overlap", r.plan_best_overlap}});
+  }
+  // Rows as 1-based numbers, as every other output numbers them.
+  auto numbers = [](const std::vector<std::size_t>& rows) {
+    std::vector<std::size_t> n;
+    for (std::size_t i : rows)
+      n.push_back(i + 1);
+    return n;
+  };
+  nlohmann::json cal = nlohmann::json::array();
+  for (const Calibration& c : v.calibration)
+    cal.push_back({{"device", c.device},
+                   {"parameter", c.key},
+                   {"value", c.value},
+                   {"fitted_on", numbers(c.fitted_on)},
+                   {"same_as_fit", numbers(c.same_as_fit)},
+                   {"tested_by", numbers(c.tested_by)},
+                   {"untested", c.untested()}});
   const nlohmann::json j{{"references", refs},
+                         {"calibration", cal},
                          {"mean_abs_delta", v.mean_abs_delta_pct / 100.0},
                          {"max_abs_delta", v.max_abs_delta_pct / 100.0},
                          {"mean_abs_delta_of_tests", v.mean_abs_delta_tests_pct / 100.0}};

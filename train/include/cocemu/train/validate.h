@@ -26,6 +26,20 @@ struct Reference {
   /// Parameters this reference tests besides those fitted on references of its own kind on its
   /// profile (`tests:`; e.g. a training run testing a rate fitted on per-layer times).
   std::vector<std::string> tests;
+  /// `assumption:` in the file — why part of the run's layout is not the source's (empty: every
+  /// setting is stated by a source). Shown beside the row in every output.
+  std::string assumption;
+  /// The model and layout the row was modeled on (model shape; tp, cp, pp, vpp, dp,
+  /// micro-batch, recompute, sequence parallelism), for rows that model a run (training, layer,
+  /// coc_gain); empty for kernel and collective rows. Two rows with the same signature measure
+  /// the same run: one cannot test a parameter fitted on the other.
+  std::string run_signature;
+  /// The rows (indices) whose run this row repeats (the same run_signature), over the fitted
+  /// parameters it is counted same-as-fit for (Calibration).
+  std::vector<std::size_t> repeats_fit;
+  /// kind: coc_gain with `plausible_layouts:` — the modeled gain at the row's layout and at each
+  /// plausible layout (the row's first), in percent.
+  std::vector<double> plausible_gains;
   /// kind: training — the run as `cocemu train` sets it up, the figure as the source states it
   /// (before conversion to model FLOPs) and how it was converted.
   std::shared_ptr<const TrainSetup> training;
@@ -49,19 +63,25 @@ struct Reference {
 };
 
 /// One fitted profile parameter: its value, the references it was fitted on and those that test
-/// it (the other references on its profile of the same kinds as those it was fitted on, and any
-/// that name it under `tests:`), as row indices.
+/// it, as row indices. A candidate test is a reference on its profile that fits nothing and is of
+/// a kind it was fitted on (for the network's parameters: spanning nodes), or that names it under
+/// `tests:`; a candidate with the run_signature of one of its fitted-on rows repeats that fit
+/// and goes to same_as_fit, not tested_by. No tested_by: the parameter is untested.
 struct Calibration {
   std::string device, key;
   double value = 0;
-  std::vector<std::size_t> fitted_on, tested_by;
+  std::vector<std::size_t> fitted_on, same_as_fit, tested_by;
+  bool untested() const { return tested_by.empty(); }
 };
 
 struct Validation {
   std::vector<Reference> rows;
   std::vector<Calibration> calibration;
   double mean_abs_delta_pct = 0, max_abs_delta_pct = 0;
-  double mean_abs_delta_tests_pct = 0;  ///< over the references no parameter was fitted on
+  /// Over the references that test the model: those that fit nothing, except a row that only
+  /// repeats fitted runs (same-as-fit, and tested_by of no parameter).
+  double mean_abs_delta_tests_pct = 0;
+  bool is_test_row(std::size_t i) const;
 };
 
 /// Parses the references (strictly: unknown or missing keys are errors with file:line) and
@@ -70,16 +90,19 @@ Validation validate(const std::string& yaml_text, const std::string& origin);
 /// configs/validation.yaml.
 Validation validate_shipped();
 std::string format_validation(const Validation& v);
-/// The references and the calibration (each fitted parameter, its value, fitted on, tested by
-/// with the deltas) as Markdown tables: the docs' calibration page.
+/// The references, the fused gains over their plausible layouts, the calibration (each fitted
+/// parameter, its value, the counts and lists of fitted on, same as fit and tested by, with the
+/// deltas; untested ones marked) and the assumed layouts as Markdown: the docs' calibration page.
 std::string format_markdown(const Validation& v);
 /// Runs `cocemu plan` for every `training` reference on its cluster and global batch (`threads`
 /// as plan's --threads) and fills plan_best, plan_matches and plan_gain_pct.
 void plan_training(Validation& v, int threads = 0);
 /// The training rows against plan's best, as a table.
 std::string format_plan_check(const Validation& v);
-/// `references[]` (name, kind, device, nodes, source, published, modeled, delta, fitted),
-/// `mean_abs_delta` and `max_abs_delta`, as JSON text.
+/// `references[]` (name, kind, device, nodes, source, published, modeled, delta, fitted,
+/// same_as_fit, assumption, plausible_gains, ...), `calibration[]` (device, parameter, value,
+/// fitted_on, same_as_fit, tested_by as 1-based row numbers, untested), `mean_abs_delta`,
+/// `mean_abs_delta_of_tests` and `max_abs_delta`, as JSON text.
 std::string validation_json(const Validation& v);
 
 }  // namespace cocemu::bench

@@ -345,3 +345,73 @@ def test_an_error_of_a_call_sent_without_waiting_comes_with_the_next_call():
     for message, notes in r.returns:
         assert "bogus" in message
         assert "earlier call all_reduce" in notes
+
+
+def writes_per_collective():
+    """Socket writes of a rank process for blocking and async collectives."""
+    from cocemu.processes import wire
+    counts = {"writes": 0}
+    send = wire.send
+
+    def counting(*args, **kwargs):
+        counts["writes"] += 1
+        return send(*args, **kwargs)
+    x = torch.ones(1024)
+    dist.all_reduce(x)
+    wire.send = counting
+    try:
+        for _ in range(5):
+            dist.all_reduce(x)                           # launch, stream wait, data wait
+            dist.broadcast(x, 0)
+        blocking = counts["writes"]
+        counts["writes"] = 0
+        works = [dist.all_reduce(x, async_op=True) for _ in range(3)]  # sent at once
+        launched = counts["writes"]
+        for w in works:
+            w.wait()
+    finally:
+        wire.send = send
+    return blocking, launched, x[0].item()
+
+
+def test_a_blocking_collective_is_one_write_and_an_async_one_is_sent_at_once():
+    """A collective torch waits for at once crosses the socket in one write (its launch and
+    stream wait go with the wait for its data); an async collective is sent at its launch, so
+    the other ranks can match it while this one computes."""
+    r = ct.run(writes_per_collective, world_size=2, processes=True)
+    for blocking, launched, value in r.returns:
+        assert blocking == 10
+        assert launched == 3
+        assert value == 2 ** 9  # 1 + 5 blocking and 3 chained async all_reduces of 2 ranks
+
+
+def chained_async_in_place():
+    x = torch.arange(8, dtype=torch.float32) + dist.get_rank()
+    works = [dist.all_reduce(x, async_op=True) for _ in range(3)]
+    works.append(dist.broadcast(x, 1, async_op=True))
+    for w in works:
+        w.wait()
+    return x.tolist()
+
+
+def test_async_collectives_chained_in_place_on_a_small_tensor_match_threads():
+    """A small tensor crosses as a copy; collectives launched on it before the first completes
+    work on that copy in stream order, as on the tensor itself."""
+    threads = ct.run(chained_async_in_place, world_size=WORLD)
+    procs = ct.run(chained_async_in_place, world_size=WORLD, processes=True)
+    assert procs.returns == threads.returns
+    assert threads.returns[0][1] == (4 + 6) * 4 ** 2  # sum of ranks 1..: (1*4+6), doubled twice
+
+
+def overlapping_views():
+    x = torch.ones(8)
+    w = dist.all_reduce(x, async_op=True)
+    try:
+        dist.all_reduce(x[:4], async_op=True).wait()
+    finally:
+        w.wait()
+
+
+def test_a_view_overlapping_an_unfinished_calls_copy_is_an_error():
+    with pytest.raises(cocemu.Error, match="overlaps, without being it"):
+        ct.run(overlapping_views, world_size=2, processes=True, timeout_s=20)

@@ -149,6 +149,7 @@ class Connection:
         self.kinds = {}          # (type name, attribute) -> True for methods
         self.released = []
         self.pending = {}        # token -> [(user array, seg, offset, n, is_output)]
+        self.copies = {}         # (address, bytes) of a copied array -> [seg, offset, n, calls]
         self.token = 0
         self.lock = threading.RLock()
         self.closed = None       # the error every call raises once the hub has ended the run
@@ -160,6 +161,8 @@ class Connection:
         self.dead = []           # freed storages not yet dropped by the hub
         self.share_bytes = SHARE_BYTES
         self.local = 0           # the last handle this rank gave a pipelined call's Work
+        self.holding = False     # one-way frames wait in `held` for the next frame sent
+        self.held = []
 
     # --- shared storages ----------------------------------------------------------------------
 
@@ -254,8 +257,12 @@ class Connection:
                 oneway = True
             segs, fds, dropped = self._segments()
             released, self.released = self.released, []
-            wire.send(self.sock, ("call", hid, name, args, kwargs, token, oneway, released, segs,
-                                  dropped, result), fds)
+            message = ("call", hid, name, args, kwargs, token, oneway, released, segs, dropped,
+                       result)
+            if oneway and self.holding and not fds:
+                self.held.append(wire.frame(message))
+            else:
+                wire.send(self.sock, message, fds, self._take_held())
             if result:
                 p = self.proxies[result] = Remote(self, result, "Work")
                 return p
@@ -264,6 +271,25 @@ class Connection:
                 return ONEWAY_RESULT.get((proxy._kind if proxy is not None else None, name))
             return self._decode(self._reply())
 
+    def hold(self):
+        """One-way calls from now on wait and go with the next frame sent, or at `release()`:
+        a blocking collective's launch, its stream wait and the host's wait for its data then
+        cross the socket in one write (torch calls `work.wait()` right after the launch)."""
+        self.holding = True
+
+    def release(self):
+        """Sends the held one-way calls (if any) and stops holding."""
+        with self.lock:
+            self.holding = False
+            if self.held and self.closed is None:
+                self.sock.sendall(self._take_held())
+
+    def _take_held(self):
+        if not self.held:
+            return b""
+        data, self.held = b"".join(self.held), []
+        return data
+
     def shared_object(self, key, kind):
         return self.api.shared(key, kind)
 
@@ -271,7 +297,8 @@ class Connection:
         """The rank's function returned `value`: the hub's rank ends with it."""
         with self.lock:
             if self.closed is None:
-                wire.send(self.sock, ("end", value, None))
+                self.holding = False
+                wire.send(self.sock, ("end", value, None), (), self._take_held())
                 self._reply()
 
     def fail(self, exc):
@@ -281,8 +308,9 @@ class Connection:
                 return
             import traceback
             text = "".join(traceback.format_exception(exc))
+            self.holding = False
             try:
-                wire.send(self.sock, ("fail", wire.portable(exc), text))
+                wire.send(self.sock, ("fail", wire.portable(exc), text), (), self._take_held())
             except OSError:
                 return
             try:
@@ -315,9 +343,26 @@ class Connection:
             where = self.segment_of(a.ctypes.data, a.nbytes)
             if where is not None:  # in a shared storage: the hub works on it in place
                 return wire.Shm(where[0], where[1], a.shape, a.dtype.str)
-        seg, off, n = self.arena.alloc(a.nbytes)
-        if a.nbytes:
-            self.arena.view(seg, off, a.shape, a.dtype)[...] = a
+        key = (a.ctypes.data, a.nbytes)
+        copy = self.copies.get(key) if a.nbytes else None
+        if copy is not None:
+            # The array of an unfinished call: this call works on that call's copy, after it in
+            # stream order, as it would on the tensor itself (async collectives chained in place).
+            seg, off, n = copy[:3]
+            copy[3] += 1
+        else:
+            start, end = key[0], key[0] + a.nbytes
+            for (s0, size), (_, _, _, calls) in self.copies.items():
+                if s0 < end and start < s0 + size:
+                    raise cocemu.Error(
+                        f"rank {self.rank_id}: an array {a.shape} {a.dtype} overlaps, without "
+                        f"being it, the {size}-byte array of an unfinished call: in process mode "
+                        f"a small tensor (under {self.share_bytes} bytes, COCEMU_SHARE_BYTES) "
+                        f"crosses to the hub as a copy; wait() for that call first")
+            seg, off, n = self.arena.alloc(a.nbytes)
+            if a.nbytes:
+                self.arena.view(seg, off, a.shape, a.dtype)[...] = a
+                self.copies[key] = [seg, off, n, 1]
         regions.append((a, seg, off, n, is_output))
         return wire.Shm(seg, off, a.shape, a.dtype.str)
 
@@ -360,6 +405,13 @@ class Connection:
         for a, seg, off, n, is_output in self.pending.pop(token, ()):
             if is_output and a.nbytes:
                 a[...] = self.arena.view(seg, off, a.shape, a.dtype)
+            key = (a.ctypes.data, a.nbytes)
+            copy = self.copies.get(key)
+            if copy is not None:
+                copy[3] -= 1
+                if copy[3] > 0:
+                    continue  # a later call still works on this copy
+                del self.copies[key]
             self.arena.release(seg, off, n)
 
 

@@ -99,14 +99,23 @@ class Closed(ConnectionError):
     """The peer closed the connection (its process ended)."""
 
 
-def send(sock, message, fds=()):
+def frame(message):
+    """`message` as the bytes `send` writes (without file descriptors)."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(data)) + data
+
+
+def send(sock, message, fds=(), before=b""):
+    """Writes `message` (after the frames `before`, already framed) with its file descriptors."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     head = HEADER.pack(len(data))
     if fds:
+        if before:
+            sock.sendall(before)
         socket.send_fds(sock, [head], list(fds))
         sock.sendall(data)
     else:
-        sock.sendall(head + data)
+        sock.sendall(before + head + data)
 
 
 def _exact(sock, n, first=b""):

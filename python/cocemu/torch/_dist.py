@@ -8,6 +8,8 @@ block in modeled time). Torch ops run on the host thread (cocemu.torch._mode pri
 current stream), so `Work.wait()` also waits in wall time until the data is there; reading an
 async collective's output before its `wait()` is reported (checked mode).
 """
+import contextlib
+
 import numpy as np
 import torch
 
@@ -85,7 +87,11 @@ class Work(_torch2.WorkBase):
                 self._cw.wait()
                 self._data_ready()
                 self._complete()
-            self._guard(body)
+            try:
+                self._guard(body)
+            finally:
+                if self._st.process is not None:
+                    self._st.process.release()
         return True
 
     def synchronize(self):
@@ -257,6 +263,23 @@ class ProcessGroup(_torch2.ProcessGroupBase):
     def _api(self):  # cocemu's module on rank threads, the hub's on rank processes
         return self._st.api
 
+    @contextlib.contextmanager
+    def _launch(self, opts):
+        """Around a collective's launch: when torch waits for it at once (opts.asyncOp False), a
+        rank process holds its one-way calls until the wait's (one write to the hub, not three);
+        `Work.wait` releases them."""
+        process = self._st.process
+        hold = (process is not None and self._coalescing is None and opts is not None
+                and getattr(opts, "asyncOp", True) is False)
+        if hold:
+            process.hold()
+        try:
+            yield
+        except BaseException:
+            if hold:
+                process.release()
+            raise
+
     def _work(self, cw, call, outputs=(), finish=None, inputs=(), result=None):
         w = Work(self._st, cw, call, self, outputs, finish, inputs, result)
         if self._coalescing is not None:
@@ -295,8 +318,9 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         op = _op(opts.reduceOp if opts is not None else None, st, call)
         if any(t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, op, call)
-        cws = [self._api.all_reduce(self.cg, self._arr(t, call, "tensor"), op=op, async_op=True)
-               for t in tensors]
+        with self._launch(opts):
+            cws = [self._api.all_reduce(self.cg, self._arr(t, call, "tensor"), op=op,
+                                        async_op=True) for t in tensors]
         return self._work(cws[0] if len(cws) == 1 else _Joined(cws), call, tensors)
 
     def _sparse_allreduce(self, tensors, op, call):
@@ -415,8 +439,9 @@ class ProcessGroup(_torch2.ProcessGroupBase):
     def all_gather_single(self, output, input, opts=None):
         call = "all_gather_into_tensor"
         _check_alive(self, call)
-        cw = self._api.all_gather(self.cg, self._arr(output, call, "output"),
-                               self._arr(input, call, "input"), async_op=True)
+        with self._launch(opts):
+            cw = self._api.all_gather(self.cg, self._arr(output, call, "output"),
+                                      self._arr(input, call, "input"), async_op=True)
         return self._work(cw, call, (output,), inputs=(input,))
 
     _allgather_base = all_gather_single  # the names torch's functions called before 2.13
@@ -520,8 +545,9 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         call = "broadcast"
         _check_alive(self, call)
         root = self._root(opts.rootRank if opts is not None else 0, call, "src")
-        cws = [self._api.broadcast(self.cg, self._arr(t, call, "tensor"), root, async_op=True)
-               for t in tensors]
+        with self._launch(opts):
+            cws = [self._api.broadcast(self.cg, self._arr(t, call, "tensor"), root,
+                                       async_op=True) for t in tensors]
         return self._work(cws[0] if len(cws) == 1 else _Joined(cws), call, tensors)
 
     def reduce(self, tensors, opts=None):
@@ -529,8 +555,9 @@ class ProcessGroup(_torch2.ProcessGroupBase):
         st = _check_alive(self, call)
         root = self._root(opts.rootRank, call, "dst")
         op = _op(opts.reduceOp, st, call)
-        cws = [self._api.reduce(self.cg, self._arr(t, call, "tensor"), root, op=op, async_op=True)
-               for t in tensors]
+        with self._launch(opts):
+            cws = [self._api.reduce(self.cg, self._arr(t, call, "tensor"), root, op=op,
+                                    async_op=True) for t in tensors]
         return self._work(cws[0] if len(cws) == 1 else _Joined(cws), call, tensors)
 
     def gather(self, output_lists, inputs, opts=None):

@@ -63,13 +63,18 @@ StepParts emulate_parts(const TrainSetup& setup) {
     const auto& times = r.run.timeline.rank(p.rank);
     const auto& lanes = r.run.graph.ranks[std::size_t(p.rank)].lane_names;
     std::int64_t lo = INT64_MAX, hi = 0;
-    std::vector<detail::Interval> compute, tp, cp;
+    std::vector<detail::Interval> compute, tp, cp, fused;
+    std::vector<std::int64_t> compute_waits;  // where a compute stream waits for an event
     for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
+      if (ops[i].lane != 0 && ops[i].cls == OpClass::wait &&
+          !comm_kind(lanes[std::size_t(ops[i].lane)]))
+        compute_waits.push_back(times[i].start_ns);
       if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
       lo = std::min(lo, times[i].start_ns);
       hi = std::max(hi, times[i].end_ns);
       const char* k = comm_kind(lanes[std::size_t(ops[i].lane)]);
       const std::string_view kind = k ? k : "";
+      if (ops[i].cls == OpClass::fused) fused.push_back({times[i].start_ns, times[i].end_ns});
       if (ops[i].cls != OpClass::comm)
         compute.push_back({times[i].start_ns, times[i].end_ns});
       else if (kind == "TP")
@@ -86,6 +91,24 @@ StepParts emulate_parts(const TrainSetup& setup) {
     };
     c.exposed_tp_ns = exposed(tp);
     c.exposed_cp_ns = exposed(cp);
+    std::vector<detail::Interval> comm = tp;
+    comm.insert(comm.end(), cp.begin(), cp.end());
+    const auto all_comm = detail::merged(comm);
+    c.hidden_comm_ns = detail::intersection(all_comm, covered_by);
+    c.fused_ns = detail::length(detail::merged(fused));
+    std::sort(compute_waits.begin(), compute_waits.end());
+    for (const auto& [b0, b1] : all_comm) {
+      // The compute run the transfer starts beside (the one that covers its start), up to where
+      // the compute stream next waits (as Megatron's backward waits for its reduce_scatter).
+      const auto run =
+          std::upper_bound(covered_by.begin(), covered_by.end(), detail::Interval{b0, INT64_MAX});
+      if (run == covered_by.begin() || std::prev(run)->second <= b0) continue;
+      std::int64_t end = std::prev(run)->second;
+      if (const auto w = std::upper_bound(compute_waits.begin(), compute_waits.end(), b0);
+          w != compute_waits.end())
+        end = std::min(end, std::max(*w, b0));
+      c.split_extra_ns += split_extra_ns(double(end - b0), double(b1 - b0));
+    }
     if (const auto [it, fresh] = parts.try_emplace(p.what, c); !fresh && c.ns > it->second.ns)
       it->second = c;
   }
@@ -99,17 +122,43 @@ StepParts emulate_parts(const TrainSetup& setup) {
 
 namespace {
 
+/// How a DP reduction and the backward beside it share a rank, as the emulated timeline's
+/// schedule shares it (runtime/src/schedule.cpp, Sim::share), composed over the backward's
+/// stretches: while compute runs alone, it slows by compute_slowdown and the reduction runs at
+/// 1/comm_slowdown; a TP or CP transfer on a link the reduction also crosses splits that link
+/// with it (exposed: each at half speed; hidden beside compute: the reduction at
+/// 1/(2·comm_slowdown), and the part longer by split_extra_ns); a fused kernel on such a link runs
+/// at half speed and the reduction at 1/(2·comm_slowdown). `stretch`: wall ns per ns of the
+/// backward as it runs without the reduction; `rate`: reduction work (ns at full speed) per wall
+/// ns.
+struct Beside {
+  double stretch = 1, rate = 1;
+};
+/// Every member of the DP group is taken to run the part in step with the others (DP replicas
+/// do; the ranks of a CP ring do not quite: a causal ring's ranks compute different blocks and
+/// wait at different times, and a collective runs at its slowest member's rate — docs/train.md
+/// bounds what that leaves out).
+Beside beside(const PartCost& c, const ContentionModel& m, bool shares_link) {
+  const double a = m.compute_slowdown, b = m.comm_slowdown, n = shares_link ? 2 : 1;
+  const double e = c.exposed_tp_ns + c.exposed_cp_ns, h = c.hidden_comm_ns, f = c.fused_ns;
+  const double alone = std::max(0.0, c.ns - e - h - f);
+  const double x = shares_link ? c.split_extra_ns : 0;
+  const double wall = a * alone + h + x + n * e + n * f;
+  if (!(wall > 0) || !(c.ns > 0)) return {a, 1 / b};
+  const double work = a * alone / b + (h + x) / (n * b) + e + f / b;
+  return {wall / c.ns, work / wall};
+}
+
 /// End of a transfer of `work` ns (at full speed) starting at `start` on a rank whose compute
-/// runs until `compute_end`: while both run, the transfer progresses at 1/comm_slowdown and the
-/// compute at 1/compute_slowdown (the emulated timeline's contention rule); `compute_end` moves
-/// accordingly.
-double contended(double start, double work, double& compute_end, const ContentionModel& c) {
+/// runs until `compute_end`: while both run, they share the rank as `x` says; `compute_end`
+/// moves accordingly.
+double contended(double start, double work, double& compute_end, const Beside& x) {
   double t = start, left = work;
   if (t < compute_end) {
-    double compute_left = compute_end - t;  // at full speed
-    const double both = std::min(left * c.comm_slowdown, compute_left * c.compute_slowdown);
-    left -= both / c.comm_slowdown;
-    compute_left -= both / c.compute_slowdown;
+    double compute_left = compute_end - t;  // as it runs without the transfer
+    const double both = std::min(left / x.rate, compute_left * x.stretch);
+    left -= both * x.rate;
+    compute_left -= both / x.stretch;
     t += both;
     compute_end = t + compute_left;
   }
@@ -292,14 +341,10 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
     const double n = layers_in(s, a.chunk);
     const PartCost& layer = a.forward ? lf : lb;
-    PartCost c{n * layer.ns, n * layer.exposed_tp_ns, n * layer.exposed_cp_ns};
+    PartCost c = layer * n;
     for (const auto& [on, part] :
          {std::pair{first, a.forward ? ef : eb}, std::pair{last, a.forward ? sf : sb}})
-      if (on) {
-        c.ns += part.ns;
-        c.exposed_tp_ns += part.exposed_tp_ns;
-        c.exposed_cp_ns += part.exposed_cp_ns;
-      }
+      if (on) c += part;
     return c;
   };
   auto duration = [&](int s, const PipelineAction& a) { return action_cost(s, a).ns; };
@@ -505,9 +550,15 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   };
   std::vector<std::size_t> next(static_cast<std::size_t>(pp), 0);
   std::vector<char> posted(static_cast<std::size_t>(pp), 0);  // the current call is posted
-  std::vector<double> free_at(static_cast<std::size_t>(pp), 0),
-      busy(static_cast<std::size_t>(pp), 0), exposed_pp(static_cast<std::size_t>(pp), 0),
-      exposed_tp_sum(static_cast<std::size_t>(pp), 0),
+  // Each stage first zeroes its gradient buffer (ParamBuffers::zero_grad: one pass writing it).
+  std::vector<double> free_at(static_cast<std::size_t>(pp), 0);
+  for (int s = 0; s < pp; ++s) {
+    const auto& e = plan[std::size_t(s)].elements;
+    free_at[std::size_t(s)] =
+        memory_ns(prof, std::uint64_t(std::accumulate(e.begin(), e.end(), 0.0) * grad_bytes_each));
+  }
+  std::vector<double> busy(static_cast<std::size_t>(pp), 0),
+      exposed_pp(static_cast<std::size_t>(pp), 0), exposed_tp_sum(static_cast<std::size_t>(pp), 0),
       exposed_cp_sum(static_cast<std::size_t>(pp), 0);
   double first_start = INFINITY, last_end = 0;  // the span of all stages' actions
   std::size_t remaining = 0;
@@ -652,6 +703,23 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
                layers::train::to_string(l.schedule),
                layers::train::to_string(layers::train::p2p_mode(l)));
 
+  // Whether stage s's DP reductions cross a link its TP or CP transfers use: a group uses the
+  // node's fabric when two of its members share a node, the network when it spans nodes.
+  auto links_of = [&](int first, int stride, int size) {
+    unsigned u = 0;
+    for (int i = 1; i < size; ++i) {
+      const bool same = prof.topology.node_of(first + (i - 1) * stride) ==
+                        prof.topology.node_of(first + i * stride);
+      u |= same ? 1u : 2u;
+    }
+    return u;
+  };
+  auto shares_link = [&](int s) {
+    const int base = per_stage * s;
+    const unsigned dp_links = links_of(base, l.tp, dpc);
+    const unsigned tp_cp = links_of(base, 1, l.tp) | links_of(base, l.tp, l.cp);
+    return (dp_links & tp_cp) != 0;
+  };
   // DP: each bucket's reduction launches when its last gradient is final in the last
   // micro-batch's backward (without --overlap-grad-reduce, after the backward), in that order on
   // the stage's DP stream.
@@ -688,8 +756,15 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       return bucket_ready[std::size_t(x)] < bucket_ready[std::size_t(y)];
     });
     double dp_free = 0, owned = 0, gather_ns = 0;
-    // The stage's compute end; a reduction overlapping compute slows it (and is slowed).
+    // The stage's compute end; a reduction overlapping compute slows it (and is slowed), as the
+    // last micro-batch's backward shares the rank with it. Buckets that become ready later are
+    // late by what the reductions before them have slowed the backward.
     double compute_end = free_at[std::size_t(s)];
+    const double unslowed_end = compute_end;
+    PartCost last_backward;
+    for (int c = 0; c < vpp; ++c)
+      last_backward += action_cost(s, {false, m - 1, c});
+    const Beside mix = beside(last_backward, prof.contention, shares_link(s));
     for (const int k : order) {
       const double n = b.elements[std::size_t(k)];
       owned += l.distributed_optimizer ? n / dpc : n;
@@ -697,22 +772,25 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
         const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
         const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / dpc : n);
         const double ns = dp_price(op, count, grad_t, std::uint64_t(n * grad_bytes_each));
-        const double start = std::max(bucket_ready[std::size_t(k)], dp_free);
-        dp_free = contended(start, ns, compute_end, prof.contention);
+        const double ready = bucket_ready[std::size_t(k)];
+        const double start =
+            std::max(ready < unslowed_end ? ready + (compute_end - unslowed_end) : ready, dp_free);
+        dp_free = contended(start, ns, compute_end, mix);
       }
       if (!overlapped_gathers) gather_ns += b.gather[std::size_t(k)];
     }
     const double last = compute_end;
-    stage_end[std::size_t(s)] = std::max(last, dp_free);
+    // The grad norm's pass over the gradients this rank updates (trainer.cpp: its owned grads,
+    // the shards with the distributed optimizer), before the norm's all-reduce.
+    stage_end[std::size_t(s)] =
+        std::max(last, dp_free) + memory_ns(prof, std::uint64_t(owned * grad_bytes_each));
     exposed_dp[std::size_t(s)] = std::max(0.0, dp_free - last) + gather_stall[std::size_t(s)];
     // Adam reads the gradient and the f32 (f64) master weights and moments, writes those three
     // back and the weights in their dtype; without --overlap-param-gather the all-gathers follow.
     const double state_bytes = l.dtype == DType::f64 ? 8 : 4;
     const double adam_bytes =
         owned * (6 * state_bytes + grad_bytes_each + double(size_of(l.dtype)));
-    const double all_params = stage_parameters(o.model, l, s);
-    optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(all_params * grad_bytes_each)) +
-                                   memory_ns(prof, std::uint64_t(adam_bytes)) + gather_ns;
+    optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(adam_bytes)) + gather_ns;
     exposed_dp[std::size_t(s)] += gather_ns;
   }
   // The grad-norm all-reduce joins every stage, then each stage updates.

@@ -14,6 +14,7 @@
 /// and Ulysses; multi-copy (micro_batch_interleave_num 2) is priced as two half micro-batches
 /// whose exposed TP communication hides behind the other copy's compute (`assumption`: ideal
 /// pairing; the emulated step is the reference).
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,10 +23,36 @@
 
 namespace cocemu::bench {
 
-/// Device time and exposed TP and CP communication of one model part, per micro-batch.
+/// Device time and exposed TP and CP communication of one model part, per micro-batch; and how
+/// its time splits by what runs (what a DP reduction running beside it contends with, as the
+/// emulated timeline's schedule shares the device): `hidden_comm_ns` while a TP or CP transfer
+/// runs beside compute, `fused_ns` while a fused kernel runs; the rest of `ns` minus the exposed
+/// communication is compute alone. `split_extra_ns`: how much longer the hidden transfers keep
+/// the part when their link runs at half speed (each transfer of length B beside a compute run of
+/// C from its start: min(C, 2B − C) when 2B > C; the exposed rest is counted by doubling it).
 struct PartCost {
   double ns = 0, exposed_tp_ns = 0, exposed_cp_ns = 0;
+  double hidden_comm_ns = 0, fused_ns = 0, split_extra_ns = 0;
+  PartCost& operator+=(const PartCost& o) {
+    ns += o.ns;
+    exposed_tp_ns += o.exposed_tp_ns;
+    exposed_cp_ns += o.exposed_cp_ns;
+    hidden_comm_ns += o.hidden_comm_ns;
+    fused_ns += o.fused_ns;
+    split_extra_ns += o.split_extra_ns;
+    return *this;
+  }
+  PartCost operator*(double n) const {
+    return {ns * n,       exposed_tp_ns * n, exposed_cp_ns * n, hidden_comm_ns * n,
+            fused_ns * n, split_extra_ns * n};
+  }
 };
+
+/// The extra time a transfer of length `b` that starts beside a compute run of length `c` takes
+/// when its link runs at half speed (PartCost::split_extra_ns).
+inline double split_extra_ns(double c, double b) {
+  return c > 0 && 2 * b > c ? std::min(c, 2 * b - c) : 0;
+}
 
 struct StepParts {
   PartCost layer_fwd, layer_bwd, embedding_fwd, embedding_bwd, loss_fwd, loss_bwd;

@@ -58,6 +58,12 @@ StepParts emulate_parts(const TrainSetup& setup) {
   std::stable_sort(pieces.begin(), pieces.end(),
                    [](const auto& a, const auto& b) { return a.rank < b.rank; });
   std::map<std::string, PartCost> parts;
+  // Per part, each rank's merged compute (fused kernels included), fused and TP|CP intervals:
+  // the group's states (PartCost::group) when the ranks form a CP group.
+  struct RankStates {
+    std::vector<detail::Interval> compute, fused, comm;
+  };
+  std::map<std::string, std::vector<RankStates>> states;
   for (const auto& p : pieces) {
     const auto& ops = r.run.graph.ranks[std::size_t(p.rank)].ops;
     const auto& times = r.run.timeline.rank(p.rank);
@@ -111,6 +117,44 @@ StepParts emulate_parts(const TrainSetup& setup) {
     }
     if (const auto [it, fresh] = parts.try_emplace(p.what, c); !fresh && c.ns > it->second.ns)
       it->second = c;
+    if (o.layout.cp > 1) states[p.what].push_back({covered_by, detail::merged(fused), all_comm});
+  }
+  // The group's state at each instant: the member's that slows a DP collective most (its rate
+  // is its slowest member's: schedule.cpp, a rendezvous job).
+  for (auto& [what, ranks] : states) {
+    std::vector<std::int64_t> cuts;
+    for (const auto& r : ranks)
+      for (const auto* v : {&r.compute, &r.fused, &r.comm})
+        for (const auto& [a, b] : *v) {
+          cuts.push_back(a);
+          cuts.push_back(b);
+        }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    auto inside = [](const std::vector<detail::Interval>& v, std::int64_t t) {
+      const auto it = std::upper_bound(v.begin(), v.end(), detail::Interval{t, INT64_MAX});
+      return it != v.begin() && std::prev(it)->second > t;
+    };
+    PartCost::Group g;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const std::int64_t t = cuts[i];
+      const double len = double(cuts[i + 1] - t);
+      int worst = 4;  // 0 hidden, 1 fused, 2 exposed, 3 alone, 4 idle
+      for (const auto& r : ranks) {
+        const bool f = inside(r.fused, t), c = inside(r.compute, t), x = inside(r.comm, t);
+        worst = std::min(worst, f ? 1 : x && c ? 0 : x ? 2 : c ? 3 : 4);
+      }
+      (worst == 0   ? g.hidden_ns
+       : worst == 1 ? g.fused_ns
+       : worst == 2 ? g.exposed_ns
+       : worst == 3 ? g.alone_ns
+                    : g.idle_ns) += len;
+    }
+    auto& c = parts.at(what);
+    if (const double total = g.total(); total > 0) {
+      const double k = c.ns / total;
+      c.group = {g.hidden_ns * k, g.fused_ns * k, g.exposed_ns * k, g.alone_ns * k, g.idle_ns * k};
+    }
   }
   auto part = [&](const char* what) {
     const auto it = parts.find(what);
@@ -134,10 +178,9 @@ namespace {
 struct Beside {
   double stretch = 1, rate = 1;
 };
-/// Every member of the DP group is taken to run the part in step with the others (DP replicas
-/// do; the ranks of a CP ring do not quite: a causal ring's ranks compute different blocks and
-/// wait at different times, and a collective runs at its slowest member's rate — docs/train.md
-/// bounds what that leaves out).
+/// DP replicas run the part in step; the ranks of a CP group do not (a causal ring's ranks compute
+/// different blocks and wait at different times), and a collective runs at its slowest member's
+/// rate: where the part records the group's states (emulated parts), the rate follows them.
 Beside beside(const PartCost& c, const ContentionModel& m, bool shares_link) {
   const double a = m.compute_slowdown, b = m.comm_slowdown, n = shares_link ? 2 : 1;
   const double e = c.exposed_tp_ns + c.exposed_cp_ns, h = c.hidden_comm_ns, f = c.fused_ns;
@@ -146,6 +189,15 @@ Beside beside(const PartCost& c, const ContentionModel& m, bool shares_link) {
   const double wall = a * alone + h + x + n * e + n * f;
   if (!(wall > 0) || !(c.ns > 0)) return {a, 1 / b};
   const double work = a * alone / b + (h + x) / (n * b) + e + f / b;
+  if (const auto& g = c.group; g.total() > 0) {
+    // Members out of phase: the collective runs at the rate of the group's state, each stretch
+    // as long as the slowed part makes it.
+    const double g_wall =
+        g.hidden_ns + n * g.fused_ns + n * g.exposed_ns + a * g.alone_ns + g.idle_ns;
+    const double g_work =
+        g.hidden_ns / (n * b) + g.fused_ns / b + g.exposed_ns + a * g.alone_ns / b + g.idle_ns;
+    return {wall / c.ns, g_work / g_wall};
+  }
   return {wall / c.ns, work / wall};
 }
 
@@ -301,10 +353,61 @@ double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t 
   return impl_->prices.emplace(key, ns).first->second;
 }
 
+namespace {
+
+/// A stretch of a stage's timeline during which its DP reductions run beside its compute, which
+/// runs `stretch` times slower there (Beside).
+struct DpWindow {
+  double start, end, stretch;
+};
+using DpWindows = std::vector<std::vector<DpWindow>>;  // per stage, in time order
+
+/// How long compute of `d` ns (as it runs alone) starting at `now` takes through the windows.
+double stretched(const std::vector<DpWindow>& windows, double now, double d) {
+  double t = now, left = d;
+  for (const auto& w : windows) {
+    if (!(left > 0)) break;
+    if (w.end <= t) continue;
+    if (w.start > t) {
+      const double run = std::min(left, w.start - t);
+      t += run;
+      left -= run;
+      if (!(left > 0)) break;
+    }
+    const double in = std::min(left * w.stretch, w.end - t);
+    t += in;
+    left -= in / w.stretch;
+  }
+  return t + left - now;
+}
+
+/// The replay (replay_step). `slowed`: the DP windows of an earlier replay, whose slowdown of
+/// each stage's compute the schedule now carries (a stage that runs slower sends its gradients
+/// later, so the stages upstream wait); `windows`: where to record this replay's.
+TrainReport replay(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
+                   bool record_pipeline, const DpWindows* slowed, DpWindows* windows);
+
+}  // namespace
+
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
                         bool record_pipeline) {
   std::optional<StepMemo> own_memo;  // without one, equal buckets still share their prices
   if (!memo) memo = &own_memo.emplace(setup.profile);
+  const TrainLayout& l = setup.options.layout;
+  // With pipeline stages, the DP reductions' slowdown of a stage's last backwards delays the
+  // stages that wait for its gradients: a first replay finds where each stage's reductions run,
+  // a second carries their slowdown through the schedule.
+  if (l.pp == 1 || !l.overlap_grad_reduce || l.dp * l.cp == 1)
+    return replay(setup, parts, memo, record_pipeline, nullptr, nullptr);
+  DpWindows windows(static_cast<std::size_t>(l.pp));
+  replay(setup, parts, memo, false, nullptr, &windows);
+  return replay(setup, parts, memo, record_pipeline, &windows, nullptr);
+}
+
+namespace {
+
+TrainReport replay(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
+                   bool record_pipeline, const DpWindows* slowed, DpWindows* windows) {
   const auto& o = setup.options;
   const TrainLayout& l = o.layout;
   const DeviceProfile& prof = *setup.profile;
@@ -600,7 +703,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
               now += first_forward_extra[std::size_t(s)];  // its pre-hooks' waits
             }
           }
-          const double d = cost.ns;
+          const double d = slowed ? stretched((*slowed)[std::size_t(s)], now, cost.ns) : cost.ns;
           done(s, a.forward, a.micro_batch, a.chunk) = now + d;
           first_start = std::min(first_start, now);
           last_end = std::max(last_end, now + d);
@@ -764,7 +867,10 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     PartCost last_backward;
     for (int c = 0; c < vpp; ++c)
       last_backward += action_cost(s, {false, m - 1, c});
-    const Beside mix = beside(last_backward, prof.contention, shares_link(s));
+    // When the replay already carries the reductions' slowdown of the compute, only their own
+    // rate remains to apply.
+    const Beside full = beside(last_backward, prof.contention, shares_link(s));
+    const Beside mix = slowed ? Beside{1, full.rate} : full;
     for (const int k : order) {
       const double n = b.elements[std::size_t(k)];
       owned += l.distributed_optimizer ? n / dpc : n;
@@ -775,7 +881,11 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
         const double ready = bucket_ready[std::size_t(k)];
         const double start =
             std::max(ready < unslowed_end ? ready + (compute_end - unslowed_end) : ready, dp_free);
+        const double compute_before = compute_end;
         dp_free = contended(start, ns, compute_end, mix);
+        if (windows && start < compute_before)
+          (*windows)[std::size_t(s)].push_back(
+              {start, std::min(dp_free, compute_end), full.stretch});
       }
       if (!overlapped_gathers) gather_ns += b.gather[std::size_t(k)];
     }
@@ -819,5 +929,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   rep.memory = estimate_memory(o.model, l, prof, memo);
   return rep;
 }
+
+}  // namespace
 
 }  // namespace cocemu::bench

@@ -9,9 +9,8 @@
 /// where compute and communication overlap.
 ///
 /// This is what `cocemu plan` evaluates candidates with (no rank threads). A test compares it
-/// with the emulated parts (`emulate_parts`) on layouts both can run. What it leaves out: host
-/// launch gaps (small ops), and for context parallelism everything but the ring (megatron_cp_algo)
-/// and Ulysses; multi-copy (micro_batch_interleave_num 2) is priced as two half micro-batches
+/// with the emulated parts (`emulate_parts`) on layouts both can run, tests/train/test_engines.cpp
+/// the iterations they compose. What it leaves out: host launch gaps (small ops); multi-copy (micro_batch_interleave_num 2) is priced as two half micro-batches
 /// whose exposed TP communication hides behind the other copy's compute (`assumption`: ideal
 /// pairing; the emulated step is the reference).
 #include <algorithm>
@@ -30,9 +29,19 @@ namespace cocemu::bench {
 /// communication is compute alone. `split_extra_ns`: how much longer the hidden transfers keep
 /// the part when their link runs at half speed (each transfer of length B beside a compute run of
 /// C from its start: min(C, 2B − C) when 2B > C; the exposed rest is counted by doubling it).
+///
+/// `group`: for parts emulated on a CP group (emulate_parts, cp > 1), whose ranks run out of
+/// phase, the same split for the group as a DP collective beside the part sees it — at each
+/// instant the state of the member that slows the collective most (a transfer beside compute or
+/// a fused kernel, then an exposed transfer, then compute alone, then idle) — scaled to `ns`;
+/// all zero otherwise.
 struct PartCost {
   double ns = 0, exposed_tp_ns = 0, exposed_cp_ns = 0;
   double hidden_comm_ns = 0, fused_ns = 0, split_extra_ns = 0;
+  struct Group {
+    double hidden_ns = 0, fused_ns = 0, exposed_ns = 0, alone_ns = 0, idle_ns = 0;
+    double total() const { return hidden_ns + fused_ns + exposed_ns + alone_ns + idle_ns; }
+  } group;
   PartCost& operator+=(const PartCost& o) {
     ns += o.ns;
     exposed_tp_ns += o.exposed_tp_ns;
@@ -40,11 +49,24 @@ struct PartCost {
     hidden_comm_ns += o.hidden_comm_ns;
     fused_ns += o.fused_ns;
     split_extra_ns += o.split_extra_ns;
+    group.hidden_ns += o.group.hidden_ns;
+    group.fused_ns += o.group.fused_ns;
+    group.exposed_ns += o.group.exposed_ns;
+    group.alone_ns += o.group.alone_ns;
+    group.idle_ns += o.group.idle_ns;
     return *this;
   }
   PartCost operator*(double n) const {
-    return {ns * n,       exposed_tp_ns * n, exposed_cp_ns * n, hidden_comm_ns * n,
-            fused_ns * n, split_extra_ns * n};
+    PartCost c;
+    c.ns = ns * n;
+    c.exposed_tp_ns = exposed_tp_ns * n;
+    c.exposed_cp_ns = exposed_cp_ns * n;
+    c.hidden_comm_ns = hidden_comm_ns * n;
+    c.fused_ns = fused_ns * n;
+    c.split_extra_ns = split_extra_ns * n;
+    c.group = {group.hidden_ns * n, group.fused_ns * n, group.exposed_ns * n, group.alone_ns * n,
+               group.idle_ns * n};
+    return c;
   }
 };
 
@@ -58,8 +80,8 @@ struct StepParts {
   PartCost layer_fwd, layer_bwd, embedding_fwd, embedding_bwd, loss_fwd, loss_bwd;
 };
 
-/// Priced from the cost model (no threads). Throws Errc::invalid_argument for what it does not
-/// model (hybrid CP, the double ring).
+/// Priced from the cost model (no threads). Throws Errc::invalid_argument for a CP algorithm it
+/// does not know.
 /// With `tuned`, every TP op takes the fastest of serial and the customized_coc `values` (script
 /// P = 2/4/8, -1 fused; those the platform has) for its [m, k, n] (what `cocemu tune` decides),
 /// recorded there as MindSpeed's customized_coc.

@@ -103,7 +103,7 @@ StepParts emulate_parts(const TrainSetup& setup) {
     c.hidden_comm_ns = detail::intersection(all_comm, covered_by);
     c.fused_ns = detail::length(detail::merged(fused));
     std::sort(compute_waits.begin(), compute_waits.end());
-    for (const auto& [b0, b1] : all_comm) {
+    for (const auto& [b0, b1] : comm) {  // op by op: back-to-back chunk transfers stay apart
       // The compute run the transfer starts beside (the one that covers its start), up to where
       // the compute stream next waits (as Megatron's backward waits for its reduce_scatter).
       const auto run =

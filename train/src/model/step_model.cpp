@@ -28,6 +28,20 @@ namespace cocemu::bench {
 using layers::train::PipelineAction;
 using layers::train::TrainLayout;
 
+namespace {
+
+/// A part's time beside a DP reduction (Beside below): compute alone slows by compute_slowdown;
+/// on a link the reduction also crosses, exposed transfers and fused kernels take twice as long
+/// and hidden transfers add their split extra.
+double slowed_ns(const PartCost& c, const ContentionModel& m, bool shares_link) {
+  const double n = shares_link ? 2 : 1;
+  const double e = c.exposed_tp_ns + c.exposed_cp_ns, h = c.hidden_comm_ns, f = c.fused_ns;
+  const double alone = std::max(0.0, c.ns - e - h - f);
+  return m.compute_slowdown * alone + h + (shares_link ? c.split_extra_ns : 0) + n * e + n * f;
+}
+
+}  // namespace
+
 StepParts emulate_parts(const TrainSetup& setup) {
   layers::train::TrainOptions o = setup.options;
   TrainLayout& l = o.layout;
@@ -62,6 +76,7 @@ StepParts emulate_parts(const TrainSetup& setup) {
   // the group's states (PartCost::group) when the ranks form a CP group.
   struct RankStates {
     std::vector<detail::Interval> compute, fused, comm;
+    PartCost cost;
   };
   std::map<std::string, std::vector<RankStates>> states;
   for (const auto& p : pieces) {
@@ -117,7 +132,7 @@ StepParts emulate_parts(const TrainSetup& setup) {
     }
     if (const auto [it, fresh] = parts.try_emplace(p.what, c); !fresh && c.ns > it->second.ns)
       it->second = c;
-    if (o.layout.cp > 1) states[p.what].push_back({covered_by, detail::merged(fused), all_comm});
+    if (o.layout.cp > 1) states[p.what].push_back({covered_by, detail::merged(fused), all_comm, c});
   }
   // The group's state at each instant: the member's that slows a DP collective most (its rate
   // is its slowest member's: schedule.cpp, a rendezvous job).
@@ -153,7 +168,13 @@ StepParts emulate_parts(const TrainSetup& setup) {
     auto& c = parts.at(what);
     if (const double total = g.total(); total > 0) {
       const double k = c.ns / total;
-      c.group = {g.hidden_ns * k, g.fused_ns * k, g.exposed_ns * k, g.alone_ns * k, g.idle_ns * k};
+      double shared = 0, apart = 0;
+      for (const auto& r : ranks) {
+        shared = std::max(shared, slowed_ns(r.cost, setup.profile->contention, true));
+        apart = std::max(apart, slowed_ns(r.cost, setup.profile->contention, false));
+      }
+      c.group = {g.hidden_ns * k, g.fused_ns * k, g.exposed_ns * k, g.alone_ns * k, g.idle_ns * k,
+                 shared,          apart};
     }
   }
   auto part = [&](const char* what) {
@@ -196,7 +217,8 @@ Beside beside(const PartCost& c, const ContentionModel& m, bool shares_link) {
         g.hidden_ns + n * g.fused_ns + n * g.exposed_ns + a * g.alone_ns + g.idle_ns;
     const double g_work =
         g.hidden_ns / (n * b) + g.fused_ns / b + g.exposed_ns + a * g.alone_ns / b + g.idle_ns;
-    return {wall / c.ns, g_work / g_wall};
+    // The ranks move in lockstep: the part takes as long as its slowest member beside it.
+    return {(shares_link ? g.slowed_shared_ns : g.slowed_apart_ns) / c.ns, g_work / g_wall};
   }
   return {wall / c.ns, work / wall};
 }

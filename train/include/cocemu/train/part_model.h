@@ -10,9 +10,10 @@
 ///
 /// This is what `cocemu plan` evaluates candidates with (no rank threads). A test compares it
 /// with the emulated parts (`emulate_parts`) on layouts both can run, tests/train/test_engines.cpp
-/// the iterations they compose. What it leaves out: host launch gaps (small ops); multi-copy (micro_batch_interleave_num 2) is priced as two half micro-batches
-/// whose exposed TP communication hides behind the other copy's compute (`assumption`: ideal
-/// pairing; the emulated step is the reference).
+/// the iterations they compose. What it leaves out: host launch gaps (small ops); multi-copy
+/// (micro_batch_interleave_num 2) is priced as two half micro-batches whose exposed TP
+/// communication hides behind the other copy's compute (`assumption`: ideal pairing; the emulated
+/// step is the reference).
 #include <algorithm>
 #include <map>
 #include <string>
@@ -40,6 +41,9 @@ struct PartCost {
   double hidden_comm_ns = 0, fused_ns = 0, split_extra_ns = 0;
   struct Group {
     double hidden_ns = 0, fused_ns = 0, exposed_ns = 0, alone_ns = 0, idle_ns = 0;
+    /// The part beside a DP reduction on its slowest member (the ranks move in lockstep), with
+    /// the reduction on a link the part's transfers use, and on another.
+    double slowed_shared_ns = 0, slowed_apart_ns = 0;
     double total() const { return hidden_ns + fused_ns + exposed_ns + alone_ns + idle_ns; }
   } group;
   PartCost& operator+=(const PartCost& o) {
@@ -54,6 +58,8 @@ struct PartCost {
     group.exposed_ns += o.group.exposed_ns;
     group.alone_ns += o.group.alone_ns;
     group.idle_ns += o.group.idle_ns;
+    group.slowed_shared_ns += o.group.slowed_shared_ns;
+    group.slowed_apart_ns += o.group.slowed_apart_ns;
     return *this;
   }
   PartCost operator*(double n) const {
@@ -64,8 +70,9 @@ struct PartCost {
     c.hidden_comm_ns = hidden_comm_ns * n;
     c.fused_ns = fused_ns * n;
     c.split_extra_ns = split_extra_ns * n;
-    c.group = {group.hidden_ns * n, group.fused_ns * n, group.exposed_ns * n, group.alone_ns * n,
-               group.idle_ns * n};
+    c.group = {group.hidden_ns * n,      group.fused_ns * n, group.exposed_ns * n,
+               group.alone_ns * n,       group.idle_ns * n,  group.slowed_shared_ns * n,
+               group.slowed_apart_ns * n};
     return c;
   }
 };

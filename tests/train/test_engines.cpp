@@ -5,7 +5,8 @@
 // (`--engine model`) and on priced parts (`--engine priced`, what `cocemu plan` ranks with) give
 // the emulation's iteration time (`--engine emulate`, rank by rank: the reference) within 2%, or
 // within the bound the matrix states for a layout whose term is not composed exactly.
-// bench/engines.py prints the same matrix as a table.
+// bench/engines.py prints the same matrix as a table. And `cocemu plan`'s winner, re-run with
+// --engine emulate, lands within 2% of the iteration plan printed.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -95,6 +96,50 @@ TEST(Engines, ModelAndPricedGiveTheEmulatedIteration) {
           << r.name << ": --engine " << engine << " " << t / 1e6 << " ms, emulated "
           << emulated / 1e6 << " ms (" << off << "%, bound " << r.bound_percent << "%)";
     }
+  }
+}
+
+/// Runs a shell command; its output goes to `log`. The command's exit code.
+int run(const std::string& cmd, const fs::path& log) {
+  return std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Engines, PlansWinnerEmulatesAsPlanPrintedIt) {
+  const std::string small = std::string(COCEMU_SOURCE_DIR) + "/tests/train/data/engines-small.yaml";
+  for (const auto& [model, batch] : std::vector<std::pair<std::string, int>>{
+           {small, 16}, {"llama2-7b", 16}, {"llama2-7b", 64}}) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("cocemu-engines-plan-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const std::string bin = COCEMU_BINARY;
+    ASSERT_EQ(run(bin + " plan --model " + model + " --nodes 1 --global-batch " +
+                      std::to_string(batch) + " --threads 1 --no-heuristic-compare --out-dir " +
+                      dir.string() + " --json " + (dir / "plan.json").string(),
+                  dir / "plan.txt"),
+              0)
+        << read(dir / "plan.txt");
+    std::ifstream pj(dir / "plan.json");
+    const auto plan = nlohmann::json::parse(pj);
+    const double planned = double(plan.at("best").at("iteration_ns").get<std::int64_t>());
+    ASSERT_EQ(run(bin + " train --config " + (dir / "plan.winner.yaml").string() +
+                      " --dry-run --engine emulate --out-dir " + dir.string() + " --json " +
+                      (dir / "train.json").string(),
+                  dir / "train.txt"),
+              0)
+        << read(dir / "train.txt");
+    std::ifstream tj(dir / "train.json");
+    const double emulated =
+        double(nlohmann::json::parse(tj).at("iteration_ns").get<std::int64_t>());
+    EXPECT_LE(std::abs(planned / emulated - 1), 0.02)
+        << model << " global batch " << batch << ": plan's winner "
+        << plan.at("best").at("describe").get<std::string>() << " planned " << planned / 1e6
+        << " ms, emulated " << emulated / 1e6 << " ms";
+    fs::remove_all(dir);
   }
 }
 

@@ -1,5 +1,6 @@
-// The step's parts priced from the cost model (part_model.h). Each function mirrors what the
-// emulated code launches; the comments name the code it mirrors.
+// The step's parts (part_model.h): priced from the cost model — each function mirrors what the
+// emulated code launches, the comments name the code it mirrors — or emulated on one TP (× CP)
+// group (emulate_parts, at the end).
 #include "cocemu/train/part_model.h"
 
 #include <fmt/format.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <string_view>
 #include <vector>
 
 #include "cocemu/collectives/plan.h"
@@ -15,6 +17,8 @@
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/graph.h"
+#include "cocemu/train/detail/intervals.h"
+#include "cocemu/train/trainer.h"
 
 namespace cocemu::bench {
 
@@ -581,6 +585,165 @@ StepParts price_parts(const TrainSetup& setup, std::map<std::string, int>* tuned
   const StepParts h = price_copy(setup, l.micro_batch_size / 2, tuned, values);
   return {paired(h.layer_fwd),     paired(h.layer_bwd), paired(h.embedding_fwd),
           paired(h.embedding_bwd), paired(h.loss_fwd),  paired(h.loss_bwd)};
+}
+
+// The parts emulated on one TP (× CP) group, for the step model on emulated parts.
+
+namespace {
+
+/// A part's time beside a DP reduction (Beside below): compute alone slows by compute_slowdown;
+/// on a link the reduction also crosses, exposed transfers and fused kernels take twice as long
+/// and hidden transfers add their split extra.
+double slowed_ns(const PartCost& c, const ContentionModel& m, bool shares_link) {
+  const double n = shares_link ? 2 : 1;
+  const double e = c.exposed_tp_ns + c.exposed_cp_ns, h = c.hidden_comm_ns, f = c.fused_ns;
+  const double alone = std::max(0.0, c.ns - e - h - f);
+  return m.compute_slowdown * alone + h + (shares_link ? c.split_extra_ns : 0) + n * e + n * f;
+}
+
+}  // namespace
+
+StepParts emulate_parts(const TrainSetup& setup) {
+  layers::train::TrainOptions o = setup.options;
+  layers::train::TrainLayout& l = o.layout;
+  l.dp = 1;
+  l.pp = 1;
+  l.vpp = 1;
+  l.schedule = layers::train::PipelineSchedule::one_f_one_b;
+  l.stage_layers.clear();
+  l.global_batch_size = l.micro_batch_size;
+  l.distributed_optimizer = false;
+  // The probe measures the parts, not the gradient reduction (priced below): with cp > 1 its
+  // gradients would be reduced over the cp group during the layer's backward and slow it.
+  l.overlap_grad_reduce = false;
+  l.overlap_param_gather = false;
+  l.grad_reduce_in_fp32 = true;  // the reduction's dtype is priced below
+  o.model.num_layers = 1;
+  o.iterations = 1;
+  o.record_pieces = true;
+  WorldOptions w;
+  w.profile = setup.profile;
+  w.numerics = false;
+  w.deterministic = setup.deterministic;
+  const auto r = layers::train::train(o, w);
+  // A part costs what it costs on its slowest rank: the ranks of a CP ring do different blocks
+  // (a causal ring's first rank sees only later ranks' blocks, cut to half their queries), and
+  // the next part's first exchange waits for the last of them.
+  std::vector<layers::train::PieceRange> pieces = r.pieces;  // in rank order: ties go to the first
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  std::map<std::string, PartCost> parts;
+  // Per part, each rank's merged compute (fused kernels included), fused and TP|CP intervals:
+  // the group's states (PartCost::group) when the ranks form a CP group.
+  struct RankStates {
+    std::vector<detail::Interval> compute, fused, comm;
+    PartCost cost;
+  };
+  std::map<std::string, std::vector<RankStates>> states;
+  for (const auto& p : pieces) {
+    const auto& ops = r.run.graph.ranks[std::size_t(p.rank)].ops;
+    const auto& times = r.run.timeline.rank(p.rank);
+    const auto& lanes = r.run.graph.ranks[std::size_t(p.rank)].lane_names;
+    std::int64_t lo = INT64_MAX, hi = 0;
+    std::vector<detail::Interval> compute, tp, cp, fused;
+    std::vector<std::int64_t> compute_waits;  // where a compute stream waits for an event
+    for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
+      if (ops[i].lane != 0 && ops[i].cls == OpClass::wait &&
+          !comm_kind(lanes[std::size_t(ops[i].lane)]))
+        compute_waits.push_back(times[i].start_ns);
+      if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
+      lo = std::min(lo, times[i].start_ns);
+      hi = std::max(hi, times[i].end_ns);
+      const char* k = comm_kind(lanes[std::size_t(ops[i].lane)]);
+      const std::string_view kind = k ? k : "";
+      if (ops[i].cls == OpClass::fused) fused.push_back({times[i].start_ns, times[i].end_ns});
+      if (ops[i].cls != OpClass::comm)
+        compute.push_back({times[i].start_ns, times[i].end_ns});
+      else if (kind == "TP")
+        tp.push_back({times[i].start_ns, times[i].end_ns});
+      else if (kind == "CP")
+        cp.push_back({times[i].start_ns, times[i].end_ns});
+    }
+    PartCost c;
+    if (hi > lo) c.ns = double(hi - lo);
+    // Exposed communication: comm time not covered by any compute of the part.
+    const auto covered_by = detail::merged(compute);
+    auto exposed = [&](const std::vector<detail::Interval>& comm) {
+      return detail::uncovered(detail::merged(comm), covered_by);
+    };
+    c.exposed_tp_ns = exposed(tp);
+    c.exposed_cp_ns = exposed(cp);
+    std::vector<detail::Interval> comm = tp;
+    comm.insert(comm.end(), cp.begin(), cp.end());
+    const auto all_comm = detail::merged(comm);
+    c.hidden_comm_ns = detail::intersection(all_comm, covered_by);
+    c.fused_ns = detail::length(detail::merged(fused));
+    std::sort(compute_waits.begin(), compute_waits.end());
+    for (const auto& [b0, b1] : comm) {  // op by op: back-to-back chunk transfers stay apart
+      // The compute run the transfer starts beside (the one that covers its start), up to where
+      // the compute stream next waits (as Megatron's backward waits for its reduce_scatter).
+      const auto run =
+          std::upper_bound(covered_by.begin(), covered_by.end(), detail::Interval{b0, INT64_MAX});
+      if (run == covered_by.begin() || std::prev(run)->second <= b0) continue;
+      std::int64_t end = std::prev(run)->second;
+      if (const auto w = std::upper_bound(compute_waits.begin(), compute_waits.end(), b0);
+          w != compute_waits.end())
+        end = std::min(end, std::max(*w, b0));
+      c.split_extra_ns += split_extra_ns(double(end - b0), double(b1 - b0));
+    }
+    if (const auto [it, fresh] = parts.try_emplace(p.what, c); !fresh && c.ns > it->second.ns)
+      it->second = c;
+    if (o.layout.cp > 1) states[p.what].push_back({covered_by, detail::merged(fused), all_comm, c});
+  }
+  // The group's state at each instant: the member's that slows a DP collective most (its rate
+  // is its slowest member's: schedule.cpp, a rendezvous job).
+  for (auto& [what, ranks] : states) {
+    std::vector<std::int64_t> cuts;
+    for (const auto& r : ranks)
+      for (const auto* v : {&r.compute, &r.fused, &r.comm})
+        for (const auto& [a, b] : *v) {
+          cuts.push_back(a);
+          cuts.push_back(b);
+        }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    auto inside = [](const std::vector<detail::Interval>& v, std::int64_t t) {
+      const auto it = std::upper_bound(v.begin(), v.end(), detail::Interval{t, INT64_MAX});
+      return it != v.begin() && std::prev(it)->second > t;
+    };
+    PartCost::Group g;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const std::int64_t t = cuts[i];
+      const double len = double(cuts[i + 1] - t);
+      int worst = 4;  // 0 hidden, 1 fused, 2 exposed, 3 alone, 4 idle
+      for (const auto& r : ranks) {
+        const bool f = inside(r.fused, t), c = inside(r.compute, t), x = inside(r.comm, t);
+        worst = std::min(worst, f ? 1 : x && c ? 0 : x ? 2 : c ? 3 : 4);
+      }
+      (worst == 0   ? g.hidden_ns
+       : worst == 1 ? g.fused_ns
+       : worst == 2 ? g.exposed_ns
+       : worst == 3 ? g.alone_ns
+                    : g.idle_ns) += len;
+    }
+    auto& c = parts.at(what);
+    if (const double total = g.total(); total > 0) {
+      const double k = c.ns / total;
+      double shared = 0, apart = 0;
+      for (const auto& r : ranks) {
+        shared = std::max(shared, slowed_ns(r.cost, setup.profile->contention, true));
+        apart = std::max(apart, slowed_ns(r.cost, setup.profile->contention, false));
+      }
+      c.group = {g.hidden_ns * k, g.fused_ns * k, g.exposed_ns * k, g.alone_ns * k, g.idle_ns * k,
+                 shared,          apart};
+    }
+  }
+  auto part = [&](const char* what) {
+    const auto it = parts.find(what);
+    return it == parts.end() ? PartCost{} : it->second;
+  };
+  return {part("layer fwd"),     part("layer bwd"), part("embedding fwd"),
+          part("embedding bwd"), part("loss fwd"),  part("loss bwd")};
 }
 
 }  // namespace cocemu::bench

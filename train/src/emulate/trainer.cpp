@@ -535,8 +535,12 @@ class StageRunner {
           on_copy(c, [&] {
             auto& entry = copies_[std::size_t(c)].chunks[std::size_t(a.chunk)][li];
             const Key key{a.micro_batch, a.chunk, c, entry.index};
-            if (a.micro_batch == 0)  // the chunk's first forward: its parameters' all-gathers
-              for (int p = 0; p < 4; ++p)
+            // The chunk's first forward: its parameters' all-gathers, waited in the order the
+            // layer's modules run forward (qkv, out, up, down: Megatron's forward pre-hooks,
+            // distributed_data_parallel.py _make_forward_pre_hook, fire per module as the forward
+            // reaches it; the slots are laid out in backward order, down first).
+            if (a.micro_batch == 0)
+              for (int p = 3; p >= 0; --p)
                 buffers_->wait_params(copies_[0].chunks[std::size_t(a.chunk)][li].first_slot + p);
             Tensor y = entry.layer->forward(x[std::size_t(c)], o_.linear);
             if (l_.recompute == Recompute::full) {

@@ -14,7 +14,6 @@
 #include <map>
 #include <numeric>
 #include <optional>
-#include <string_view>
 
 #include "cocemu/collectives/plan.h"
 #include "cocemu/runtime/cost_model.h"
@@ -28,88 +27,54 @@ namespace cocemu::bench {
 using layers::train::PipelineAction;
 using layers::train::TrainLayout;
 
-StepParts emulate_parts(const TrainSetup& setup) {
-  layers::train::TrainOptions o = setup.options;
-  TrainLayout& l = o.layout;
-  l.dp = 1;
-  l.pp = 1;
-  l.vpp = 1;
-  l.schedule = layers::train::PipelineSchedule::one_f_one_b;
-  l.stage_layers.clear();
-  l.global_batch_size = l.micro_batch_size;
-  l.distributed_optimizer = false;
-  // The probe measures the parts, not the gradient reduction (priced below): with cp > 1 its
-  // gradients would be reduced over the cp group during the layer's backward and slow it.
-  l.overlap_grad_reduce = false;
-  l.overlap_param_gather = false;
-  l.grad_reduce_in_fp32 = true;  // the reduction's dtype is priced below
-  o.model.num_layers = 1;
-  o.iterations = 1;
-  o.record_pieces = true;
-  WorldOptions w;
-  w.profile = setup.profile;
-  w.numerics = false;
-  w.deterministic = setup.deterministic;
-  const auto r = layers::train::train(o, w);
-  // A part costs what it costs on its slowest rank: the ranks of a CP ring do different blocks
-  // (a causal ring's first rank sees only later ranks' blocks, cut to half their queries), and
-  // the next part's first exchange waits for the last of them.
-  std::vector<layers::train::PieceRange> pieces = r.pieces;  // in rank order: ties go to the first
-  std::stable_sort(pieces.begin(), pieces.end(),
-                   [](const auto& a, const auto& b) { return a.rank < b.rank; });
-  std::map<std::string, PartCost> parts;
-  for (const auto& p : pieces) {
-    const auto& ops = r.run.graph.ranks[std::size_t(p.rank)].ops;
-    const auto& times = r.run.timeline.rank(p.rank);
-    const auto& lanes = r.run.graph.ranks[std::size_t(p.rank)].lane_names;
-    std::int64_t lo = INT64_MAX, hi = 0;
-    std::vector<detail::Interval> compute, tp, cp;
-    for (std::uint32_t i = p.first_op; i < p.end_op; ++i) {
-      if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait) continue;
-      lo = std::min(lo, times[i].start_ns);
-      hi = std::max(hi, times[i].end_ns);
-      const char* k = comm_kind(lanes[std::size_t(ops[i].lane)]);
-      const std::string_view kind = k ? k : "";
-      if (ops[i].cls != OpClass::comm)
-        compute.push_back({times[i].start_ns, times[i].end_ns});
-      else if (kind == "TP")
-        tp.push_back({times[i].start_ns, times[i].end_ns});
-      else if (kind == "CP")
-        cp.push_back({times[i].start_ns, times[i].end_ns});
-    }
-    PartCost c;
-    if (hi > lo) c.ns = double(hi - lo);
-    // Exposed communication: comm time not covered by any compute of the part.
-    const auto covered_by = detail::merged(compute);
-    auto exposed = [&](const std::vector<detail::Interval>& comm) {
-      return detail::uncovered(detail::merged(comm), covered_by);
-    };
-    c.exposed_tp_ns = exposed(tp);
-    c.exposed_cp_ns = exposed(cp);
-    if (const auto [it, fresh] = parts.try_emplace(p.what, c); !fresh && c.ns > it->second.ns)
-      it->second = c;
-  }
-  auto part = [&](const char* what) {
-    const auto it = parts.find(what);
-    return it == parts.end() ? PartCost{} : it->second;
-  };
-  return {part("layer fwd"),     part("layer bwd"), part("embedding fwd"),
-          part("embedding bwd"), part("loss fwd"),  part("loss bwd")};
-}
-
 namespace {
 
+/// How a DP reduction and the backward beside it share a rank, as the emulated timeline's
+/// schedule shares it (runtime/src/schedule.cpp, Sim::share), composed over the backward's
+/// stretches: while compute runs alone, it slows by compute_slowdown and the reduction runs at
+/// 1/comm_slowdown; a TP or CP transfer on a link the reduction also crosses splits that link
+/// with it (exposed: each at half speed; hidden beside compute: the reduction at
+/// 1/(2·comm_slowdown), and the part longer by split_extra_ns); a fused kernel on such a link runs
+/// at half speed and the reduction at 1/(2·comm_slowdown). `stretch`: wall ns per ns of the
+/// backward as it runs without the reduction; `rate`: reduction work (ns at full speed) per wall
+/// ns.
+struct Beside {
+  double stretch = 1, rate = 1;
+};
+/// DP replicas run the part in step; the ranks of a CP group do not (a causal ring's ranks compute
+/// different blocks and wait at different times), and a collective runs at its slowest member's
+/// rate: where the part records the group's states (emulated parts), the rate follows them.
+Beside beside(const PartCost& c, const ContentionModel& m, bool shares_link) {
+  const double a = m.compute_slowdown, b = m.comm_slowdown, n = shares_link ? 2 : 1;
+  const double e = c.exposed_tp_ns + c.exposed_cp_ns, h = c.hidden_comm_ns, f = c.fused_ns;
+  const double alone = std::max(0.0, c.ns - e - h - f);
+  const double x = shares_link ? c.split_extra_ns : 0;
+  const double wall = a * alone + h + x + n * e + n * f;
+  if (!(wall > 0) || !(c.ns > 0)) return {a, 1 / b};
+  const double work = a * alone / b + (h + x) / (n * b) + e + f / b;
+  if (const auto& g = c.group; g.total() > 0) {
+    // Members out of phase: the collective runs at the rate of the group's state, each stretch
+    // as long as the slowed part makes it.
+    const double g_wall =
+        g.hidden_ns + n * g.fused_ns + n * g.exposed_ns + a * g.alone_ns + g.idle_ns;
+    const double g_work =
+        g.hidden_ns / (n * b) + g.fused_ns / b + g.exposed_ns + a * g.alone_ns / b + g.idle_ns;
+    // The ranks move in lockstep: the part takes as long as its slowest member beside it.
+    return {(shares_link ? g.slowed_shared_ns : g.slowed_apart_ns) / c.ns, g_work / g_wall};
+  }
+  return {wall / c.ns, work / wall};
+}
+
 /// End of a transfer of `work` ns (at full speed) starting at `start` on a rank whose compute
-/// runs until `compute_end`: while both run, the transfer progresses at 1/comm_slowdown and the
-/// compute at 1/compute_slowdown (the emulated timeline's contention rule); `compute_end` moves
-/// accordingly.
-double contended(double start, double work, double& compute_end, const ContentionModel& c) {
+/// runs until `compute_end`: while both run, they share the rank as `x` says; `compute_end`
+/// moves accordingly.
+double contended(double start, double work, double& compute_end, const Beside& x) {
   double t = start, left = work;
   if (t < compute_end) {
-    double compute_left = compute_end - t;  // at full speed
-    const double both = std::min(left * c.comm_slowdown, compute_left * c.compute_slowdown);
-    left -= both / c.comm_slowdown;
-    compute_left -= both / c.compute_slowdown;
+    double compute_left = compute_end - t;  // as it runs without the transfer
+    const double both = std::min(left / x.rate, compute_left * x.stretch);
+    left -= both * x.rate;
+    compute_left -= both / x.stretch;
     t += both;
     compute_end = t + compute_left;
   }
@@ -252,10 +217,61 @@ double StepMemo::price(CollOp op, int first, int stride, int size, std::int64_t 
   return impl_->prices.emplace(key, ns).first->second;
 }
 
+namespace {
+
+/// A stretch of a stage's timeline during which its DP reductions run beside its compute, which
+/// runs `stretch` times slower there (Beside).
+struct DpWindow {
+  double start, end, stretch;
+};
+using DpWindows = std::vector<std::vector<DpWindow>>;  // per stage, in time order
+
+/// How long compute of `d` ns (as it runs alone) starting at `now` takes through the windows.
+double stretched(const std::vector<DpWindow>& windows, double now, double d) {
+  double t = now, left = d;
+  for (const auto& w : windows) {
+    if (!(left > 0)) break;
+    if (w.end <= t) continue;
+    if (w.start > t) {
+      const double run = std::min(left, w.start - t);
+      t += run;
+      left -= run;
+      if (!(left > 0)) break;
+    }
+    const double in = std::min(left * w.stretch, w.end - t);
+    t += in;
+    left -= in / w.stretch;
+  }
+  return t + left - now;
+}
+
+/// The replay (replay_step). `slowed`: the DP windows of an earlier replay, whose slowdown of
+/// each stage's compute the schedule now carries (a stage that runs slower sends its gradients
+/// later, so the stages upstream wait); `windows`: where to record this replay's.
+TrainReport replay(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
+                   bool record_pipeline, const DpWindows* slowed, DpWindows* windows);
+
+}  // namespace
+
 TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
                         bool record_pipeline) {
   std::optional<StepMemo> own_memo;  // without one, equal buckets still share their prices
   if (!memo) memo = &own_memo.emplace(setup.profile);
+  const TrainLayout& l = setup.options.layout;
+  // With pipeline stages, the DP reductions' slowdown of a stage's last backwards delays the
+  // stages that wait for its gradients: a first replay finds where each stage's reductions run,
+  // a second carries their slowdown through the schedule.
+  if (l.pp == 1 || !l.overlap_grad_reduce || l.dp * l.cp == 1)
+    return replay(setup, parts, memo, record_pipeline, nullptr, nullptr);
+  DpWindows windows(static_cast<std::size_t>(l.pp));
+  replay(setup, parts, memo, false, nullptr, &windows);
+  return replay(setup, parts, memo, record_pipeline, &windows, nullptr);
+}
+
+namespace {
+
+TrainReport replay(const TrainSetup& setup, const StepParts& parts, StepMemo* memo,
+                   bool record_pipeline, const DpWindows* slowed, DpWindows* windows) {
   const auto& o = setup.options;
   const TrainLayout& l = o.layout;
   const DeviceProfile& prof = *setup.profile;
@@ -292,14 +308,10 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
     const bool first = s == 0 && a.chunk == 0, last = s == pp - 1 && a.chunk == vpp - 1;
     const double n = layers_in(s, a.chunk);
     const PartCost& layer = a.forward ? lf : lb;
-    PartCost c{n * layer.ns, n * layer.exposed_tp_ns, n * layer.exposed_cp_ns};
+    PartCost c = layer * n;
     for (const auto& [on, part] :
          {std::pair{first, a.forward ? ef : eb}, std::pair{last, a.forward ? sf : sb}})
-      if (on) {
-        c.ns += part.ns;
-        c.exposed_tp_ns += part.exposed_tp_ns;
-        c.exposed_cp_ns += part.exposed_cp_ns;
-      }
+      if (on) c += part;
     return c;
   };
   auto duration = [&](int s, const PipelineAction& a) { return action_cost(s, a).ns; };
@@ -505,9 +517,15 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   };
   std::vector<std::size_t> next(static_cast<std::size_t>(pp), 0);
   std::vector<char> posted(static_cast<std::size_t>(pp), 0);  // the current call is posted
-  std::vector<double> free_at(static_cast<std::size_t>(pp), 0),
-      busy(static_cast<std::size_t>(pp), 0), exposed_pp(static_cast<std::size_t>(pp), 0),
-      exposed_tp_sum(static_cast<std::size_t>(pp), 0),
+  // Each stage first zeroes its gradient buffer (ParamBuffers::zero_grad: one pass writing it).
+  std::vector<double> free_at(static_cast<std::size_t>(pp), 0);
+  for (int s = 0; s < pp; ++s) {
+    const auto& e = plan[std::size_t(s)].elements;
+    free_at[std::size_t(s)] =
+        memory_ns(prof, std::uint64_t(std::accumulate(e.begin(), e.end(), 0.0) * grad_bytes_each));
+  }
+  std::vector<double> busy(static_cast<std::size_t>(pp), 0),
+      exposed_pp(static_cast<std::size_t>(pp), 0), exposed_tp_sum(static_cast<std::size_t>(pp), 0),
       exposed_cp_sum(static_cast<std::size_t>(pp), 0);
   double first_start = INFINITY, last_end = 0;  // the span of all stages' actions
   std::size_t remaining = 0;
@@ -549,7 +567,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
               now += first_forward_extra[std::size_t(s)];  // its pre-hooks' waits
             }
           }
-          const double d = cost.ns;
+          const double d = slowed ? stretched((*slowed)[std::size_t(s)], now, cost.ns) : cost.ns;
           done(s, a.forward, a.micro_batch, a.chunk) = now + d;
           first_start = std::min(first_start, now);
           last_end = std::max(last_end, now + d);
@@ -652,6 +670,23 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
                layers::train::to_string(l.schedule),
                layers::train::to_string(layers::train::p2p_mode(l)));
 
+  // Whether stage s's DP reductions cross a link its TP or CP transfers use: a group uses the
+  // node's fabric when two of its members share a node, the network when it spans nodes.
+  auto links_of = [&](int first, int stride, int size) {
+    unsigned u = 0;
+    for (int i = 1; i < size; ++i) {
+      const bool same = prof.topology.node_of(first + (i - 1) * stride) ==
+                        prof.topology.node_of(first + i * stride);
+      u |= same ? 1u : 2u;
+    }
+    return u;
+  };
+  auto shares_link = [&](int s) {
+    const int base = per_stage * s;
+    const unsigned dp_links = links_of(base, l.tp, dpc);
+    const unsigned tp_cp = links_of(base, 1, l.tp) | links_of(base, l.tp, l.cp);
+    return (dp_links & tp_cp) != 0;
+  };
   // DP: each bucket's reduction launches when its last gradient is final in the last
   // micro-batch's backward (without --overlap-grad-reduce, after the backward), in that order on
   // the stage's DP stream.
@@ -688,8 +723,18 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
       return bucket_ready[std::size_t(x)] < bucket_ready[std::size_t(y)];
     });
     double dp_free = 0, owned = 0, gather_ns = 0;
-    // The stage's compute end; a reduction overlapping compute slows it (and is slowed).
+    // The stage's compute end; a reduction overlapping compute slows it (and is slowed), as the
+    // last micro-batch's backward shares the rank with it. Buckets that become ready later are
+    // late by what the reductions before them have slowed the backward.
     double compute_end = free_at[std::size_t(s)];
+    const double unslowed_end = compute_end;
+    PartCost last_backward;
+    for (int c = 0; c < vpp; ++c)
+      last_backward += action_cost(s, {false, m - 1, c});
+    // When the replay already carries the reductions' slowdown of the compute, only their own
+    // rate remains to apply.
+    const Beside full = beside(last_backward, prof.contention, shares_link(s));
+    const Beside mix = slowed ? Beside{1, full.rate} : full;
     for (const int k : order) {
       const double n = b.elements[std::size_t(k)];
       owned += l.distributed_optimizer ? n / dpc : n;
@@ -697,22 +742,29 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
         const auto op = l.distributed_optimizer ? CollOp::reduce_scatter : CollOp::all_reduce;
         const std::int64_t count = std::int64_t(l.distributed_optimizer ? n / dpc : n);
         const double ns = dp_price(op, count, grad_t, std::uint64_t(n * grad_bytes_each));
-        const double start = std::max(bucket_ready[std::size_t(k)], dp_free);
-        dp_free = contended(start, ns, compute_end, prof.contention);
+        const double ready = bucket_ready[std::size_t(k)];
+        const double start =
+            std::max(ready < unslowed_end ? ready + (compute_end - unslowed_end) : ready, dp_free);
+        const double compute_before = compute_end;
+        dp_free = contended(start, ns, compute_end, mix);
+        if (windows && start < compute_before)
+          (*windows)[std::size_t(s)].push_back(
+              {start, std::min(dp_free, compute_end), full.stretch});
       }
       if (!overlapped_gathers) gather_ns += b.gather[std::size_t(k)];
     }
     const double last = compute_end;
-    stage_end[std::size_t(s)] = std::max(last, dp_free);
+    // The grad norm's pass over the gradients this rank updates (trainer.cpp: its owned grads,
+    // the shards with the distributed optimizer), before the norm's all-reduce.
+    stage_end[std::size_t(s)] =
+        std::max(last, dp_free) + memory_ns(prof, std::uint64_t(owned * grad_bytes_each));
     exposed_dp[std::size_t(s)] = std::max(0.0, dp_free - last) + gather_stall[std::size_t(s)];
     // Adam reads the gradient and the f32 (f64) master weights and moments, writes those three
     // back and the weights in their dtype; without --overlap-param-gather the all-gathers follow.
     const double state_bytes = l.dtype == DType::f64 ? 8 : 4;
     const double adam_bytes =
         owned * (6 * state_bytes + grad_bytes_each + double(size_of(l.dtype)));
-    const double all_params = stage_parameters(o.model, l, s);
-    optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(all_params * grad_bytes_each)) +
-                                   memory_ns(prof, std::uint64_t(adam_bytes)) + gather_ns;
+    optimizer_ns[std::size_t(s)] = memory_ns(prof, std::uint64_t(adam_bytes)) + gather_ns;
     exposed_dp[std::size_t(s)] += gather_ns;
   }
   // The grad-norm all-reduce joins every stage, then each stage updates.
@@ -741,5 +793,7 @@ TrainReport replay_step(const TrainSetup& setup, const StepParts& parts, StepMem
   rep.memory = estimate_memory(o.model, l, prof, memo);
   return rep;
 }
+
+}  // namespace
 
 }  // namespace cocemu::bench

@@ -401,8 +401,10 @@ TEST(TrainCli, CompareCocReportsEachStrategy) {
 namespace cocemu::bench {
 namespace {
 
-// The step model against the emulated step (both dry runs) on layouts both can run: within 10%
-// (it leaves out link sharing between concurrent collectives; see step_model.h).
+// The step model against the emulated step (both dry runs) on layouts both can run, beyond
+// tests/train/test_engines.cpp's matrix (GPipe, recompute, fusion groups, bf16 reduction,
+// scatter-gather pipeline tensors, uneven stages, unfused attention, NCCL's algorithms across
+// nodes): within 2%, as the engines agree there.
 TEST(StepModel, AgreesWithTheEmulatedStep) {
   layers::train::DecoderShape m;
   m.name = "mid";
@@ -521,7 +523,7 @@ TEST(StepModel, AgreesWithTheEmulatedStep) {
     const auto modeled = model_step(s);
     const double ratio = double(modeled.iteration_ns) / double(emulated.iteration_ns);
     std::printf("%-70s step model / emulated %.3f\n", o.layout.describe().c_str(), ratio);
-    EXPECT_NEAR(ratio, 1.0, 0.10) << o.layout.describe() << ": step model " << modeled.iteration_ns
+    EXPECT_NEAR(ratio, 1.0, 0.02) << o.layout.describe() << ": step model " << modeled.iteration_ns
                                   << " ns, emulated " << emulated.iteration_ns << " ns";
     EXPECT_NEAR(modeled.bubble_fraction, emulated.bubble_fraction, 0.06) << o.layout.describe();
     EXPECT_EQ(modeled.deterministic, c.deterministic);

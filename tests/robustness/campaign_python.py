@@ -775,8 +775,8 @@ def start(c):
     return dict(pid=pid, r=r, data=b"", t0=time.monotonic(), case=c)
 
 
-def poll(job):
-    """None while running, else (outcome, detail, seconds)."""
+def _drain(job):
+    """Reads what the child has written so far (the pipe is non-blocking)."""
     try:
         while True:
             chunk = os.read(job["r"], 1 << 16)
@@ -785,6 +785,11 @@ def poll(job):
             job["data"] += chunk
     except BlockingIOError:
         pass
+
+
+def poll(job):
+    """None while running, else (outcome, detail, seconds)."""
+    _drain(job)
     pid, status, ru = os.wait4(job["pid"], os.WNOHANG)
     timed_out = False
     if pid == 0:
@@ -793,14 +798,7 @@ def poll(job):
         os.killpg(job["pid"], signal.SIGKILL)
         pid, status, ru = os.wait4(job["pid"], 0)
         timed_out = True
-    try:
-        while True:
-            chunk = os.read(job["r"], 1 << 16)
-            if not chunk:
-                break
-            job["data"] += chunk
-    except BlockingIOError:
-        pass
+    _drain(job)
     os.close(job["r"])
     try:
         report = pickle.loads(job["data"]) if job["data"] else None

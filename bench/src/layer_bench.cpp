@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <limits>
 #include <map>
@@ -76,7 +77,9 @@ BenchConfig bench_config_for(const layers::ModelConfig& m) {
              .kv_heads = m.num_query_groups,
              .activation = m.swiglu ? layers::Activation::swiglu : layers::Activation::gelu,
              .sequence_parallel = m.sequence_parallel,
-             .dtype = DType::bf16};
+             .dtype = DType::bf16,
+             .flash_attention = m.flash_attention,
+             .masked_softmax_fusion = m.masked_softmax_fusion};
   return c;
 }
 
@@ -369,6 +372,31 @@ std::int64_t setup_end(const RunResult& run) {
   return end;
 }
 
+/// The forward's and the backward's device time, each on the rank where it takes longest (as
+/// `cocemu train` measures the parts it composes a step from): from its first device op's start
+/// to its last one's end, ops [first, mid) and [mid, end) of each rank.
+std::pair<double, double> device_spans(const RunResult& run,
+                                       const std::vector<std::array<std::size_t, 3>>& passes) {
+  double fwd = 0, bwd = 0;
+  for (std::size_t r = 0; r < passes.size(); ++r) {
+    const auto& ops = run.graph.ranks[r].ops;
+    auto span = [&](std::size_t first, std::size_t end) {
+      std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = 0;
+      for (std::size_t i = first; i < end && i < ops.size(); ++i) {
+        if (ops[i].lane == 0 || ops[i].cls == OpClass::host || ops[i].cls == OpClass::wait)
+          continue;
+        const auto t = run.timeline.at({int(r), ops[i].index});
+        lo = std::min(lo, t.start_ns);
+        hi = std::max(hi, t.end_ns);
+      }
+      return hi > lo ? double(hi - lo) : 0.0;
+    };
+    fwd = std::max(fwd, span(passes[r][0], passes[r][1]));
+    bwd = std::max(bwd, span(passes[r][1], passes[r][2]));
+  }
+  return {fwd, bwd};
+}
+
 }  // namespace
 
 BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
@@ -401,6 +429,8 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
     std::vector<double> walls;
     std::map<std::string, std::vector<double>> segment_walls;
     std::vector<std::vector<std::byte>> bits(std::size_t(c.tp));
+    // Each rank's ops [first, mid) are the forward's, [mid, end) the backward's (last run).
+    std::vector<std::array<std::size_t, 3>> passes(std::size_t(c.tp));
     for (int rep = 0; rep < runs; ++rep) {
       WorldOptions wo;
       wo.n_ranks = c.tp;
@@ -422,8 +452,12 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
         barrier(tp).synchronize();
         rank.set_segment("");
         const auto t0 = std::chrono::steady_clock::now();
+        auto& pass = passes[std::size_t(rank.id())];
+        pass[0] = rank.graph().ops.size();
         const Tensor y = layer.forward(xr, st.options);
+        pass[1] = rank.graph().ops.size();
         const Tensor dx = layer.backward(dyr, st.options);
+        pass[2] = rank.graph().ops.size();
         rank.synchronize();
         per_rank[std::size_t(rank.id())] = double((std::chrono::steady_clock::now() - t0).count());
         if (rep == 0 && !c.dry_run) {
@@ -443,6 +477,7 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
       if (progress) progress(++done, total, fmt::format("{} run {}/{}", st.name, rep + 1, runs));
     }
     sr.modeled_ns = sr.run.timeline.makespan_ns() - setup_end(sr.run);
+    std::tie(sr.forward_device_ns, sr.backward_device_ns) = device_spans(sr.run, passes);
     if (!c.dry_run) {
       sr.wall_ns = median(walls);
       if (result.strategies.empty()) serial_bits = bits;
@@ -479,10 +514,14 @@ std::string describe(const BenchConfig& c) {
   const auto& l = c.layer;
   return fmt::format(
       "{}: hidden {}, heads {} (KV groups {}), FFN {} ({}), seq {} x batch {}, TP={}{}, {}, "
-      "profile {}",
+      "{} attention, profile {}",
       c.model, l.hidden, l.heads, l.kv(), l.ffn,
       l.activation == layers::Activation::swiglu ? "SwiGLU" : "GeLU", l.seq, l.batch, c.tp,
-      l.sequence_parallel ? " with SP" : "", name_of(l.dtype), c.profile ? c.profile->name : "?");
+      l.sequence_parallel ? " with SP" : "", name_of(l.dtype),
+      l.flash_attention         ? "flash"
+      : l.masked_softmax_fusion ? "unfused"
+                                : "unfused (softmax unfused, f32)",
+      c.profile ? c.profile->name : "?");
 }
 
 /// The strategies recommended for segment `seg`: the one to use (0 = serial) and the one to use
@@ -549,6 +588,8 @@ nlohmann::json to_json(const BenchResult& r) {
         {"name", s.name},
         {"modeled_ns", s.modeled_ns},
         {"speedup_vs_serial", serial / double(std::max<std::int64_t>(1, s.modeled_ns))},
+        {"forward_device_ns", s.forward_device_ns},
+        {"backward_device_ns", s.backward_device_ns},
         {"comm_ns", s.comm_ns},
         {"exposed_comm_ns", s.exposed_comm_ns}};
     e["wall_ns"] = dry ? nlohmann::json(nullptr) : nlohmann::json(s.wall_ns);

@@ -62,7 +62,8 @@ BenchConfig bench_config_for_run(const TrainSetup& setup) {
              .activation = m.swiglu ? layers::Activation::swiglu : layers::Activation::gelu,
              .sequence_parallel = l.sequence_parallel && l.tp > 1,
              .dtype = l.dtype,
-             .flash_attention = m.flash_attention};
+             .flash_attention = m.flash_attention,
+             .masked_softmax_fusion = m.masked_softmax_fusion};
   return c;
 }
 

@@ -104,7 +104,12 @@ const char* to_string(Recommendation::Use use);
 
 struct StrategyResult {
   std::string name;
-  std::int64_t modeled_ns = 0;               ///< the layer's forward+backward (modeled makespan)
+  std::int64_t modeled_ns = 0;  ///< the layer's forward+backward (modeled makespan)
+  /// The forward's and the backward's device time, each from its first device op to its last on
+  /// the rank where it takes longest: the layer's parts `cocemu train` composes a step from. They
+  /// leave out the time the standalone layer's device waits for its first launches, which
+  /// inside a step the host has issued ahead.
+  double forward_device_ns = 0, backward_device_ns = 0;
   double wall_ns = -1;                       ///< median host wall time; -1 in a dry run
   std::optional<bool> bitwise_equal_serial;  ///< empty in a dry run
   double comm_ns = 0, exposed_comm_ns = 0;   ///< rank 0, whole layer: link busy, not hidden

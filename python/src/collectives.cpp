@@ -104,6 +104,7 @@ std::pair<bool, std::optional<bool>> collective_flags(py::handle async_op, py::h
 
 /// The Python result of a collective: a Work with async_op, else None (as torch.distributed).
 py::object result(const GroupHandle& g, const Work& w, bool async_op) {
+  release_pending();  // what finished ops held: bounded by the ops in flight, not the run's
   if (!async_op) return py::none();
   return py::cast(WorkHandle{w, g.session, &g.group.owner()});
 }
@@ -295,8 +296,11 @@ void bind_collectives(py::module_& m, Classes& classes) {
           [](const WorkHandle& w) {
             w.session->check("Work.synchronize");
             check_host_thread(*w.rank, "Work.synchronize");
-            py::gil_scoped_release nogil;
-            w.work.synchronize();
+            {
+              py::gil_scoped_release nogil;
+              w.work.synchronize();
+            }
+            release_pending();
           },
           "Blocks the host until the op has finished; raises its error.")
       .def("is_completed",

@@ -663,16 +663,22 @@ void bind_runtime(py::module_& m, Classes& classes) {
              if (!e.session) return;
              e.session->check("Event.synchronize");
              check_host_thread(*e.owner, "Event.synchronize");
-             py::gil_scoped_release nogil;
-             e.event.synchronize();
+             {
+               py::gil_scoped_release nogil;
+               e.event.synchronize();
+             }
+             release_pending();
            })
       .def(
           "wait_unmodeled",
           [](const EventHandle& e) {
             if (!e.session) return;
             e.session->check("Event.wait_unmodeled");
-            py::gil_scoped_release nogil;
-            e.event.wait_unmodeled();
+            {
+              py::gil_scoped_release nogil;
+              e.event.wait_unmodeled();
+            }
+            release_pending();  // what the ops held, dropped by stream workers without the GIL
           },
           "Blocks until the event's ops have run, recording nothing (the modeled host clock "
           "does not move): for a host about to read data the timeline already orders after "
@@ -714,8 +720,11 @@ void bind_runtime(py::module_& m, Classes& classes) {
       .def("synchronize",
            [](StreamHandle& h) {
              Stream& s = h.host("Stream.synchronize");
-             py::gil_scoped_release nogil;
-             s.synchronize();
+             {
+               py::gil_scoped_release nogil;
+               s.synchronize();
+             }
+             release_pending();
            })
       .def("query", [](const StreamHandle& h) { return h.get("Stream.query").query(); })
       .def_property_readonly(
@@ -786,8 +795,11 @@ void bind_runtime(py::module_& m, Classes& classes) {
       .def("synchronize",
            [](RankHandle& h) {
              Rank& r = h.host("Rank.synchronize");
-             py::gil_scoped_release nogil;
-             r.synchronize();
+             {
+               py::gil_scoped_release nogil;
+               r.synchronize();
+             }
+             release_pending();
            })
       .def(
           "zeros",

@@ -415,3 +415,25 @@ def overlapping_views():
 def test_a_view_overlapping_an_unfinished_calls_copy_is_an_error():
     with pytest.raises(cocemu.Error, match="overlaps, without being it"):
         ct.run(overlapping_views, world_size=2, processes=True, timeout_s=20)
+
+
+def reallocating():
+    """Each step makes new device tensors and reduces them, blocking and async: a step's
+    tensors die when the next step replaces them."""
+    r = dist.get_rank()
+    for _ in range(5):
+        x = torch.full((256 * 1024,), float(r), device="cuda")  # 1 MiB
+        dist.all_reduce(x)
+        dist.all_reduce(x, async_op=True).wait()
+        y = x * 2
+    assert float(y[0]) == 2 * sum(range(dist.get_world_size())) * dist.get_world_size()
+    return torch.cuda.max_memory_allocated()
+
+
+def test_dead_tensors_leave_the_modeled_memory_in_both_modes():
+    # The peak is the new x beside the last step's x and y (3 MiB), whatever the collectives
+    # held while they ran: on threads as in processes.
+    threads = ct.run(reallocating, world_size=2)
+    procs = ct.run(reallocating, world_size=2, processes=True)
+    assert threads.returns == procs.returns == [3 << 20] * 2
+    assert threads.peak_memory_bytes == procs.peak_memory_bytes == [3 << 20] * 2

@@ -246,6 +246,7 @@ struct StreamImpl {
       Task t = std::move(started.front());
       started.pop_front();
       if (t.finish) run_part(t, t.finish, false, true);
+      t = Task{};  // what the op holds (its tensors) goes before the host sees it complete
       completed.add(1);
       return true;
     }
@@ -257,6 +258,7 @@ struct StreamImpl {
       return true;
     }
     run_part(t, t.fn, true, true);
+    t = Task{};  // what the op holds (its tensors) goes before the host sees it complete
     completed.add(1);
     return true;
   }

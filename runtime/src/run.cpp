@@ -32,7 +32,7 @@ struct RunShared {
 /// How often `run`'s calling thread looks for an interrupt, and how long it then gives the ranks
 /// to unwind before it leaves those still in their own host code behind.
 constexpr auto kInterruptPoll = std::chrono::milliseconds(50);
-constexpr auto kCancelGrace = std::chrono::milliseconds(1000);
+constexpr auto kCancelGrace = std::chrono::milliseconds(500);
 
 /// "SIGINT", or what `check` answers; empty when nothing interrupts the run.
 std::string poll_interrupt(const WorldOptions& o) {

@@ -16,6 +16,7 @@ COCEMU_OUTPUT: the folder the hub writes the run's trace and summary to).
 import atexit
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -175,13 +176,26 @@ def run(fn, world_size, profile, deterministic, numerics, schedule_seed, timeout
         result = cocemu.run(world_size, hub.serve, profile=profile, deterministic=deterministic,
                             schedule_seed=schedule_seed, dry_run=not numerics,
                             timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        # Ctrl-C in a terminal reaches every rank process; a signal to the launcher alone is
+        # passed on, and the ranks get a moment, not a second, to stop.
+        _stop(procs, grace_s=0.2, interrupt=True)
+        raise
     finally:
         _stop(procs)
     return result
 
 
-def _stop(procs, grace_s=1.0):
-    """Every rank process ends: each gets `grace_s` to exit, then SIGKILL."""
+def _stop(procs, grace_s=1.0, interrupt=False):
+    """Every rank process ends: each gets `grace_s` to exit (after a SIGINT with `interrupt`),
+    then SIGKILL."""
+    if interrupt:
+        for p in procs.values():
+            if p.exitcode is None:
+                try:
+                    os.kill(p.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
     deadline = time.monotonic() + grace_s
     for p in procs.values():
         p.join(max(0.0, deadline - time.monotonic()))

@@ -175,7 +175,9 @@ struct Classes {
   std::unique_ptr<py::class_<RankHandle>> rank;
   std::unique_ptr<py::class_<PyRunResult>> run_result;
 };
+void bind_tensors(py::module_& m);
 void bind_runtime(py::module_& m, Classes& classes);
+void bind_symmetric(py::module_& m);
 void bind_collectives(py::module_& m, Classes& classes);
 void bind_layers(py::module_& m, Classes& classes);
 void bind_bench(py::module_& m, Classes& classes);

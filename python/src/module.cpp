@@ -8,7 +8,9 @@ PYBIND11_MODULE(_cocemu, m) {
   init_numpy();
   register_errors(m);
   Classes classes;
+  bind_tensors(m);
   bind_runtime(m, classes);
+  bind_symmetric(m);
   bind_collectives(m, classes);
   bind_layers(m, classes);
   bind_bench(m, classes);

@@ -1,5 +1,5 @@
-// Bindings of the runtime library: run and its result, ranks, streams, events, tensors as NumPy
-// arrays, device profiles and the cost model, symmetric memory.
+// Bindings of the runtime library: run and its result, ranks, streams, events, device profiles
+// and the cost model (tensors: tensors.cpp; symmetric memory: symmetric.cpp).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -11,7 +11,6 @@
 
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/profile.h"
-#include "cocemu/runtime/symmetric.h"
 #include "cocemu/runtime/trace.h"
 #include "common.h"
 
@@ -341,158 +340,9 @@ void wait_event(StreamHandle& h, const EventHandle& e) {
   s.wait(e.event);
 }
 
-// ---------------------------------------------------------------------------------------------
-// bf16 conversions
-
-py::array_t<std::uint16_t> to_bf16_array(py::handle values) {
-  // Real numbers only: NumPy would turn None into NaN and drop a complex number's imaginary part.
-  const py::array a = py::array::ensure(values);
-  COCEMU_CHECK_ARG(a && std::string("fiub").find(a.dtype().kind()) != std::string::npos,
-                   "to_bf16: x = {} ({}) is not an array of real numbers", repr_of(values),
-                   a ? py::str(a.dtype()).cast<std::string>() : Py_TYPE(values.ptr())->tp_name);
-  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
-  py::array_t<std::uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
-  const float* in = x.data();
-  std::uint16_t* o = out.mutable_data();
-  for (py::ssize_t i = 0; i < x.size(); ++i)
-    o[i] = to_bf16(in[i]).bits;
-  return out;
-}
-
-py::array_t<float> from_bf16_array(py::handle values) {
-  COCEMU_CHECK_ARG(
-      py::isinstance<py::array>(values) &&
-          py::reinterpret_borrow<py::array>(values).dtype().is(py::dtype::of<std::uint16_t>()),
-      "from_bf16: x must be a uint16 array holding bf16 (cocemu.to_bf16 makes one), "
-      "got {}",
-      py::isinstance<py::array>(values)
-          ? "an array of dtype " +
-                py::str(py::reinterpret_borrow<py::array>(values).dtype()).cast<std::string>()
-          : repr_of(values) + " (" + Py_TYPE(values.ptr())->tp_name + ")");
-  const auto x = py::array_t<std::uint16_t, py::array::c_style>::ensure(values);
-  py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
-  const std::uint16_t* in = x.data();
-  float* o = out.mutable_data();
-  for (py::ssize_t i = 0; i < x.size(); ++i)
-    o[i] = to_float(bf16{in[i]});
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Symmetric memory
-
-struct SymmetricHandle {
-  SymmetricBuffer buffer;
-  SessionPtr session;
-  const SymmetricBuffer& get(const char* call) const {
-    session->check(call);
-    return buffer;
-  }
-};
-
-std::pair<const std::byte*, std::size_t> byte_span(py::handle array, const char* what,
-                                                   Access access) {
-  const Tensor t = tensor_arg(array, what, access);
-  return {static_cast<const std::byte*>(t.raw()), t.nbytes()};
-}
-
-py::object symmetric_view(const SymmetricHandle& h, int team_rank, const char* call) {
-  const SymmetricBuffer& b = h.get(call);
-  COCEMU_CHECK_ARG(team_rank >= 0 && team_rank < b.team_size(),
-                   "{}: team rank {} out of range 0..{}", call, team_rank, b.team_size() - 1);
-  std::byte* p = b.peer(team_rank);
-  COCEMU_CHECK_ARG(p != nullptr,
-                   "{}: a dry run's symmetric memory has no storage (only op bodies, which dry "
-                   "runs skip, may touch it)",
-                   call);
-  return byte_view(p, b.bytes(), std::make_shared<SymmetricBuffer>(b));
-}
-
 }  // namespace
 
 void bind_runtime(py::module_& m, Classes& classes) {
-  // Tensors ----------------------------------------------------------------------------------
-  py::class_<Tensor>(m, "Tensor",
-                     "A cocemu tensor: shape-only in dry runs (no storage); a NumPy view of "
-                     "its storage otherwise (Tensor.numpy()).")
-      .def_static(
-          "zeros",
-          [](py::handle shape, py::handle dtype) {
-            return Tensor::zeros(shape_arg(shape), dtype_arg(dtype));
-          },
-          "shape"_a, "dtype"_a = "f32")
-      .def_static(
-          "shape_only",
-          [](py::handle shape, py::handle dtype) {
-            return Tensor::shape_only(shape_arg(shape), dtype_arg(dtype));
-          },
-          "shape"_a, "dtype"_a = "f32")
-      .def_static(
-          "from_numpy",
-          [](py::handle array) { return tensor_arg(array, "Tensor.from_numpy", Access::write); },
-          "array"_a, "The array as a tensor, sharing its memory (no copy).")
-      .def_property_readonly("shape",
-                             [](const Tensor& t) {
-                               py::tuple s(t.ndim());
-                               for (int d = 0; d < t.ndim(); ++d)
-                                 s[std::size_t(d)] = t.size(d);
-                               return s;
-                             })
-      .def_property_readonly("dtype",
-                             [](const Tensor& t) { return std::string(name_of(t.dtype())); })
-      .def_property_readonly("ndim", &Tensor::ndim)
-      .def_property_readonly("numel", &Tensor::numel)
-      .def_property_readonly("nbytes", &Tensor::nbytes)
-      .def_property_readonly("has_data", &Tensor::has_data)
-      .def("numpy",
-           [](const Tensor& t) {
-             COCEMU_CHECK_ARG(t.has_data(), "Tensor.numpy: {} has no storage (dry run)",
-                              t.describe());
-             return to_python(t);
-           })
-      .def(
-          "rows",
-          [](const Tensor& t, py::handle begin, py::handle end) {
-            constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
-            return t.rows(int_arg(begin, "Tensor.rows", "begin", 0, big),
-                          int_arg(end, "Tensor.rows", "end", 0, big));
-          },
-          "begin"_a, "end"_a)
-      .def(
-          "__getitem__",
-          [](const Tensor& t, const py::slice& rows) {
-            COCEMU_CHECK_ARG(t.ndim() >= 1, "Tensor[...]: {} has no rows", t.describe());
-            std::size_t start = 0, stop = 0, step = 0, length = 0;
-            if (!rows.compute(std::size_t(t.size(0)), &start, &stop, &step, &length))
-              throw py::error_already_set();
-            COCEMU_CHECK_ARG(step == 1 || length <= 1,
-                             "Tensor[...]: a slice of rows with step {}; views are contiguous "
-                             "row ranges",
-                             step);
-            return t.rows(std::int64_t(start), std::int64_t(start + length));
-          },
-          "rows"_a, "Rows of dimension 0 as a view: t[a:b] (as a NumPy array's).")
-      .def("__len__", [](const Tensor& t) { return t.ndim() >= 1 ? t.size(0) : 0; })
-      .def(
-          "flat",
-          [](const Tensor& t, py::handle begin, py::handle end) {
-            constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
-            return t.flat(int_arg(begin, "Tensor.flat", "begin", 0, big),
-                          int_arg(end, "Tensor.flat", "end", 0, big));
-          },
-          "begin"_a, "end"_a)
-      .def("reshape", [](const Tensor& t, py::handle shape) { return t.reshape(shape_arg(shape)); })
-      .def("__repr__", [](const Tensor& t) { return "cocemu.Tensor(" + t.describe() + ")"; });
-
-  m.def("to_bf16", &to_bf16_array, "x"_a,
-        "bf16 values of `x` (converted to float32 first), rounded to nearest even, as the uint16 "
-        "array cocemu uses for bf16 (NumPy has no bfloat16).");
-  m.def("from_bf16", &from_bf16_array, "x"_a,
-        "The float32 values of a uint16 array holding bf16 (exact).");
-  m.def(
-      "numpy_dtype", [](py::handle dtype) { return numpy_dtype(dtype_arg(dtype)); }, "dtype"_a,
-      "The NumPy dtype that holds cocemu's `dtype` (uint16 for bf16).");
-
   // Profiles and the cost model ---------------------------------------------------------------
   py::class_<ProfileHandle>(m, "Profile", "A device profile (configs/devices/<name>.yaml).")
       .def_property_readonly("name", [](const ProfileHandle& p) { return p.profile->name; })
@@ -973,98 +823,6 @@ void bind_runtime(py::module_& m, Classes& classes) {
           },
           "path"_a, "title"_a = "cocemu", py::kw_only(), "span_ns"_a = 0,
           "collapse_identical_ranks"_a = true, "width"_a = 1600.0);
-
-  // Symmetric memory --------------------------------------------------------------------------
-  py::class_<SymmetricHandle>(m, "SymmetricBuffer",
-                              "The same allocation on every rank of a team, readable and "
-                              "writable in a peer's copy, with flags in peer memory.")
-      .def_static(
-          "allocate",
-          [](RankHandle& h, py::handle team_, py::handle bytes_, py::handle n_flags_) {
-            Rank& r = h.host("SymmetricBuffer.allocate");
-            const char* call = "SymmetricBuffer.allocate";
-            COCEMU_CHECK_ARG(py::isinstance<py::sequence>(team_) && !py::isinstance<py::str>(team_),
-                             "{}: team = {} ({}) is not a list of world ranks", call,
-                             repr_of(team_), Py_TYPE(team_.ptr())->tp_name);
-            std::vector<int> team;
-            for (py::handle x : team_)
-              team.push_back(int(int_arg(x, call, "a team rank", 0, r.world_size() - 1)));
-            const auto bytes = std::size_t(
-                int_arg(bytes_, call, "bytes", 0, std::numeric_limits<std::int64_t>::max()));
-            const int n_flags =
-                int(int_arg(n_flags_, call, "n_flags", 0, 1 << 20));  // 4 MiB of flags
-            return SymmetricHandle{SymmetricBuffer::allocate(r, team, bytes, n_flags), h.session};
-          },
-          "rank"_a, "team"_a, "bytes"_a, "n_flags"_a = 0,
-          "Called by every member of `team` (world ranks, same list, same order of calls).")
-      .def_property_readonly(
-          "team_rank", [](const SymmetricHandle& h) { return h.get("team_rank").team_rank(); })
-      .def_property_readonly(
-          "team_size", [](const SymmetricHandle& h) { return h.get("team_size").team_size(); })
-      .def_property_readonly("bytes",
-                             [](const SymmetricHandle& h) { return h.get("bytes").bytes(); })
-      .def_property_readonly("n_flags",
-                             [](const SymmetricHandle& h) { return h.get("n_flags").n_flags(); })
-      .def(
-          "local",
-          [](const SymmetricHandle& h) {
-            return symmetric_view(h, h.get("SymmetricBuffer.local").team_rank(),
-                                  "SymmetricBuffer.local");
-          },
-          "This rank's copy as a uint8 NumPy view (x.view(np.float32) reinterprets it).")
-      .def(
-          "peer",
-          [](const SymmetricHandle& h, int team_rank) {
-            return symmetric_view(h, team_rank, "SymmetricBuffer.peer");
-          },
-          "team_rank"_a, "A peer's copy as a uint8 NumPy view.")
-      .def(
-          "put",
-          [](const SymmetricHandle& h, py::handle peer_, py::handle offset_, py::handle src) {
-            const SymmetricBuffer& b = h.get("SymmetricBuffer.put");
-            const int peer =
-                int(int_arg(peer_, "SymmetricBuffer.put", "peer", 0, b.team_size() - 1));
-            const auto offset = std::size_t(int_arg(offset_, "SymmetricBuffer.put", "offset", 0,
-                                                    std::numeric_limits<std::int64_t>::max()));
-            auto [p, n] = byte_span(src, "SymmetricBuffer.put src", Access::read);
-            py::gil_scoped_release nogil;
-            b.put(peer, offset, p, n);
-          },
-          "peer"_a, "offset"_a, "src"_a, "Copies `src`'s bytes into peer's copy at `offset`.")
-      .def(
-          "get",
-          [](const SymmetricHandle& h, py::handle peer_, py::handle offset_, py::handle dst) {
-            const SymmetricBuffer& b = h.get("SymmetricBuffer.get");
-            const int peer =
-                int(int_arg(peer_, "SymmetricBuffer.get", "peer", 0, b.team_size() - 1));
-            const auto offset = std::size_t(int_arg(offset_, "SymmetricBuffer.get", "offset", 0,
-                                                    std::numeric_limits<std::int64_t>::max()));
-            auto [p, n] = byte_span(dst, "SymmetricBuffer.get dst", Access::write);
-            py::gil_scoped_release nogil;
-            b.get(peer, offset, const_cast<std::byte*>(p), n);
-          },
-          "peer"_a, "offset"_a, "dst"_a, "Fills `dst` from peer's copy at `offset`.")
-      .def(
-          "signal",
-          [](const SymmetricHandle& h, int peer, int slot, std::uint32_t n) {
-            h.get("SymmetricBuffer.signal").signal(peer, slot, n);
-          },
-          "peer"_a, "slot"_a, "n"_a = 1, "Adds `n` to flag `slot` in peer's memory (release).")
-      .def(
-          "wait",
-          [](const SymmetricHandle& h, int slot, std::uint32_t value, const std::string& what) {
-            const SymmetricBuffer& b = h.get("SymmetricBuffer.wait");
-            py::gil_scoped_release nogil;
-            b.wait(slot, value, what);
-          },
-          "slot"_a, "value"_a, "what"_a = "",
-          "Waits until this rank's flag `slot` is >= value (acquire), bounded by the timeout.")
-      .def(
-          "flag",
-          [](const SymmetricHandle& h, int peer, int slot) {
-            return h.get("SymmetricBuffer.flag").flag(peer, slot);
-          },
-          "peer"_a, "slot"_a);
 }
 
 }  // namespace cocemu::python

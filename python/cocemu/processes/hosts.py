@@ -7,7 +7,8 @@ from the rendezvous store (`MASTER_ADDR`/`MASTER_PORT`, a `PrefixStore` per run 
 `RemoteConnection` is the rank side of process mode unchanged (client.py) over a `Channel`: the
 frames it writes, the bytes of the arrays it copied into its arena for the call, and which arena
 bytes each call writes, go to the hub's host as uint8 tensors by gloo send; the hub's answers and
-the outputs of the calls they report complete come back the same way, into the rank's arena.
+the outputs of the calls they report complete come back the same way, received straight into the
+rank's own arrays (into the arena, then copied, while a later call still works on that copy).
 
 In the hub process, a `Bridge` per remote rank keeps a mirror of the rank's arena in memfds and
 is, towards the hub, an ordinary local rank process: it forwards the frames over the hub's Unix
@@ -18,8 +19,8 @@ torch storages are not shared there).
 
 Each transfer starts with one control message (a header, then the frames and their metadata when
 they fit in `CONTROL` bytes), then one message per array region, received in place. Tags: `UP`
-rank to hub, `DOWN` hub to rank. The rank keeps a receive of the next control message posted, so
-the hub's `abort` reaches it while it computes.
+rank to hub, `DOWN` hub to rank. A thread of the rank keeps a receive of the next control message
+posted, so the hub's `abort` reaches it while it computes.
 """
 import datetime
 import os

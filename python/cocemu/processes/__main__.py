@@ -20,10 +20,16 @@ def main(argv=None):
     p.add_argument("--dry-run", type=int, default=0)
     p.add_argument("--schedule-seed", type=int, default=None)
     p.add_argument("--output", default=None)
+    p.add_argument("--hosts", type=int, default=0,
+                   help="1: ranks on other hosts connect through gloo (hosts.py)")
     a = p.parse_args(argv)
     hub = Hub(a.world_size, a.timeout_s)
     print("cocemu-hub", hub.address[1:], flush=True)
     sys.stdout.close()
+    bridges = None
+    if a.hosts:
+        from .hosts import Bridges
+        bridges = Bridges(hub.address, a.world_size, hub.address[1:], a.timeout_s)
     try:
         hub.accept()
         r = cocemu.run(a.world_size, hub.serve, profile=a.profile,
@@ -31,6 +37,10 @@ def main(argv=None):
                        dry_run=bool(a.dry_run), timeout_s=a.timeout_s)
     except BaseException as e:
         print(f"cocemu hub: the run failed: {e}", file=sys.stderr)
+        if bridges is not None:
+            bridges.finish()
+            sys.stderr.flush()
+            os._exit(1)  # gloo waits of the bridges' threads end with the process
         return 1
     if a.output:
         os.makedirs(a.output, exist_ok=True)
@@ -39,6 +49,9 @@ def main(argv=None):
         with open(os.path.join(a.output, "summary.txt"), "w") as f:
             f.write(r.summary(0))
             f.write(f"makespan_ns {r.makespan_ns}\n")
+    if bridges is not None:
+        bridges.finish()  # the last answers reach the ranks on other hosts
+        os._exit(0)
     return 0
 
 

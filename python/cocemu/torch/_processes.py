@@ -27,6 +27,7 @@ import torch
 import cocemu
 from cocemu.processes import client as _client
 from cocemu.processes import hub as _hub
+from cocemu.processes import hosts as _hosts
 
 from . import _device, _dist, _memory, _mode, _state, _torch2
 from ._state import error
@@ -250,6 +251,16 @@ def settings_from_env():
                 output=os.environ.get("COCEMU_OUTPUT") or None)
 
 
+def _several_hosts():
+    """True under a launcher of several agents (torchrun --nnodes > 1): ranks of other hosts may
+    join, through gloo (cocemu.processes.hosts)."""
+    v = os.environ.get("GROUP_WORLD_SIZE") or "1"
+    try:
+        return int(v) > 1
+    except ValueError:
+        raise error(f"GROUP_WORLD_SIZE = {v!r} is not an integer (torchrun sets it)") from None
+
+
 def attach_torchrun(options):
     """init_process_group("cocemu") in a process of its own (torchrun, or any launcher that
     gives torch a store): connects this rank to the run's hub, which rank 0 starts."""
@@ -259,6 +270,7 @@ def attach_torchrun(options):
                                 "deterministic")}
     config["share_bytes"] = share_bytes()
     key = "cocemu/hub"
+    hosts = _several_hosts()
     if rank == 0:
         cmd = [sys.executable, "-m", "cocemu.processes", "--world-size", str(world_size),
                "--timeout-s", repr(s["timeout_s"]), "--profile", s["profile"],
@@ -268,6 +280,8 @@ def attach_torchrun(options):
             cmd += ["--schedule-seed", str(s["schedule_seed"])]
         if s["output"]:
             cmd += ["--output", s["output"]]
+        if hosts:
+            cmd += ["--hosts", "1"]
         hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=dict(os.environ,
                                PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
         line = hub.stdout.readline().decode().strip()
@@ -275,10 +289,21 @@ def attach_torchrun(options):
             raise error(f"rank 0: the cocemu hub (python -m cocemu.processes) did not start "
                         f"(exit code {hub.poll()})")
         address = "\0" + line.split(" ", 1)[1]
+        if hosts:
+            store.set(key + "-host", f"{_hosts.identity()} "
+                      f"{_hosts.address_toward(os.environ['MASTER_ADDR'])}")
         store.set(key, address[1:])
     else:
         address = "\0" + store.get(key).decode()
-    conn = _connect(address, rank, world_size, config, s["timeout_s"])
+    conn = None
+    if hosts and rank != 0:
+        where, hub_host = store.get(key + "-host").decode().split()
+        if where != _hosts.identity():  # the hub's socket and shared memory do not reach here
+            conn = _hosts.connect(rank, config, address[1:], hub_host, s["timeout_s"])
+        else:
+            _hosts.announce_local(rank, address[1:], s["timeout_s"])
+    if conn is None:
+        conn = _connect(address, rank, world_size, config, s["timeout_s"])
     st = _attach(conn, s["numerics"], s["checked"], s["timeout_s"], s["profile"])
     st.mode = _mode.Recorder(st, s["record"])
     st.mode.__enter__()  # for the rest of the process: torch ops are priced on its streams

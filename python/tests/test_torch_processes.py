@@ -444,7 +444,7 @@ def test_the_wire_reader_splits_frames_and_gives_each_its_file_descriptors():
     with the frame whose header carried them, even behind a frame still buffered; a frame larger
     than a read, and one cut by the socket's timeout, arrive whole; a closed peer is Closed."""
     import socket
-    from cocemu.processes import wire
+    from cocemu.processes import hub, wire
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     r, w = os.pipe()
     try:
@@ -467,7 +467,11 @@ def test_the_wire_reader_splits_frames_and_gives_each_its_file_descriptors():
         b.settimeout(0.05)
         with pytest.raises(socket.timeout):
             reader.recv()
-        a.sendall(data[5:])
+        a.sendall(data[5:8])
+        hub._tick(b, 10.0)  # the hub's sockets: the kernel's timeout, one system call a read
+        with pytest.raises(BlockingIOError):
+            reader.recv()
+        a.sendall(data[8:])
         assert reader.recv() == (("late", 3), [])
         a.close()
         with pytest.raises(wire.Closed):

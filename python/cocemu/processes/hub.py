@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -170,13 +171,13 @@ class _Server:
                     current_stream=self.encode(rank.current_stream),
                     current_segment=rank.current_segment)
         wire.send(c.sock, ("ok", info, []))
-        c.sock.settimeout(TICK_S)
+        _tick(c.sock, self.hub.timeout_s)
         reader = wire.Reader(c.sock)
         try:
             while True:
                 try:
                     message, fds = reader.recv()
-                except socket.timeout:
+                except BlockingIOError:  # a tick without a frame
                     self.check_run()
                     continue
                 except (wire.Closed, OSError):
@@ -362,6 +363,18 @@ class _Server:
         if isinstance(value, dict):
             return {k: self.decode(v) for k, v in value.items()}
         return value
+
+
+def _tick(sock, timeout_s):
+    """A rank's socket as its hub thread uses it: blocking, a read ending empty-handed
+    (BlockingIOError) after TICK_S so the thread looks at the run's state, a write bounded by the
+    run's timeout. The kernel keeps the time (SO_RCVTIMEO, SO_SNDTIMEO): one system call per
+    read or write, where a Python socket timeout polls before each."""
+    def tv(seconds):
+        return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv(TICK_S))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv(timeout_s))
 
 
 def _error(message, code="invalid_argument"):

@@ -137,8 +137,9 @@ class Reader:
         self.buf += data
 
     def recv(self):
-        """(message, fds); raises Closed when the peer has gone, socket.timeout when the
-        socket's timeout passes (nothing is lost: what was read stays buffered)."""
+        """(message, fds); raises Closed when the peer has gone, and socket.timeout (a Python
+        socket timeout) or BlockingIOError (the kernel's SO_RCVTIMEO) when the socket's timeout
+        passes first: nothing is lost, what was read stays buffered for the next call."""
         while len(self.buf) < HEADER.size:
             self._fill()
         (n,) = HEADER.unpack_from(self.buf)

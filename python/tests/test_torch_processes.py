@@ -437,3 +437,46 @@ def test_dead_tensors_leave_the_modeled_memory_in_both_modes():
     procs = ct.run(reallocating, world_size=2, processes=True)
     assert threads.returns == procs.returns == [3 << 20] * 2
     assert threads.peak_memory_bytes == procs.peak_memory_bytes == [3 << 20] * 2
+
+
+def test_the_wire_reader_splits_frames_and_gives_each_its_file_descriptors():
+    """Frames that arrive together are read together and handed out one by one; descriptors go
+    with the frame whose header carried them, even behind a frame still buffered; a frame larger
+    than a read, and one cut by the socket's timeout, arrive whole; a closed peer is Closed."""
+    import socket
+    from cocemu.processes import hub, wire
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    try:
+        reader = wire.Reader(b)
+        big = bytes(range(256)) * (3 * wire.Reader.CHUNK // 256)
+        wire.send(a, ("first", 1))                    # no fds, still buffered when …
+        wire.send(a, ("second", [2]), fds=(r, w))     # … this one's fds arrive
+        wire.send(a, ("calls", [("big", big), ("x", None)]))
+        first, second, third = reader.recv(), reader.recv(), reader.recv()
+        assert first == (("first", 1), [])
+        assert second[0] == ("second", [2]) and len(second[1]) == 2
+        for fd in second[1]:
+            os.fstat(fd)  # open, and ours
+            os.close(fd)
+        assert third == (("calls", [("big", big), ("x", None)]), [])
+        import pickle
+        body = pickle.dumps(("late", 3))
+        data = wire.HEADER.pack(len(body)) + body
+        a.sendall(data[:5])
+        b.settimeout(0.05)
+        with pytest.raises(socket.timeout):
+            reader.recv()
+        a.sendall(data[5:8])
+        hub._tick(b, 10.0)  # the hub's sockets: the kernel's timeout, one system call a read
+        with pytest.raises(BlockingIOError):
+            reader.recv()
+        a.sendall(data[8:])
+        assert reader.recv() == (("late", 3), [])
+        a.close()
+        with pytest.raises(wire.Closed):
+            reader.recv()
+    finally:
+        os.close(r)
+        os.close(w)
+        b.close()

@@ -144,6 +144,7 @@ class RemoteRank(Remote):
 class Connection:
     def __init__(self, sock, rank_id, timeout_s):
         self.sock, self.rank_id, self.timeout_s = sock, rank_id, timeout_s
+        self.reader = wire.Reader(sock)  # the hub's answers
         self.arena = Arena()
         self.proxies = weakref.WeakValueDictionary()  # hid -> Remote, while the rank holds it
         self.kinds = {}          # (type name, attribute) -> True for methods
@@ -161,7 +162,7 @@ class Connection:
         self.dead = []           # freed storages not yet dropped by the hub
         self.share_bytes = SHARE_BYTES
         self.local = 0           # the last handle this rank gave a pipelined call's Work
-        self.holding = False     # one-way frames wait in `held` for the next frame sent
+        self.holding = False     # one-way calls wait in `held` for the next frame sent
         self.held = []
 
     # --- shared storages ----------------------------------------------------------------------
@@ -260,9 +261,9 @@ class Connection:
             message = ("call", hid, name, args, kwargs, token, oneway, released, segs, dropped,
                        result)
             if oneway and self.holding and not fds:
-                self.held.append(wire.frame(message))
+                self.held.append(message)
             else:
-                wire.send(self.sock, message, fds, self._take_held())
+                self._send(message, fds)
             if result:
                 p = self.proxies[result] = Remote(self, result, "Work")
                 return p
@@ -282,13 +283,14 @@ class Connection:
         with self.lock:
             self.holding = False
             if self.held and self.closed is None:
-                self.sock.sendall(self._take_held())
+                held, self.held = self.held, []
+                wire.send(self.sock, held[0] if len(held) == 1 else ("calls", held))
 
-    def _take_held(self):
-        if not self.held:
-            return b""
-        data, self.held = b"".join(self.held), []
-        return data
+    def _send(self, message, fds=()):
+        """Sends `message` after the held calls, all in one frame (its fds with it)."""
+        if self.held:
+            message, self.held = ("calls", self.held + [message]), []
+        wire.send(self.sock, message, fds)
 
     def shared_object(self, key, kind):
         return self.api.shared(key, kind)
@@ -298,7 +300,7 @@ class Connection:
         with self.lock:
             if self.closed is None:
                 self.holding = False
-                wire.send(self.sock, ("end", value, None), (), self._take_held())
+                self._send(("end", value, None))
                 self._reply()
 
     def fail(self, exc):
@@ -310,7 +312,7 @@ class Connection:
             text = "".join(traceback.format_exception(exc))
             self.holding = False
             try:
-                wire.send(self.sock, ("fail", wire.portable(exc), text), (), self._take_held())
+                self._send(("fail", wire.portable(exc), text))
             except OSError:
                 return
             try:
@@ -385,7 +387,7 @@ class Connection:
 
     def _reply(self):
         try:
-            message, _ = wire.recv(self.sock)
+            message, _ = self.reader.recv()
         except (wire.Closed, OSError) as e:
             self.closed = cocemu.Error(f"rank {self.rank_id}: the cocemu hub has gone ({e}): "
                                        f"the run ended")

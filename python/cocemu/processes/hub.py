@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -170,34 +171,50 @@ class _Server:
                     current_stream=self.encode(rank.current_stream),
                     current_segment=rank.current_segment)
         wire.send(c.sock, ("ok", info, []))
-        c.sock.settimeout(TICK_S)
-        while True:
-            try:
-                message, fds = wire.recv(c.sock)
-            except socket.timeout:
-                self.check_run()
-                continue
-            except (wire.Closed, OSError):
-                raise self.hub.lost(c) from None
-            kind = message[0]
-            if kind == "call":
-                self.call(message, fds)
-            elif kind == "end":
-                self.drain()
-                wire.send(c.sock, ("ok", None, self.finished + self.done()))
-                return message[1]
-            elif kind == "fail":
-                _, exc, text = message
-                wire.send(c.sock, ("ok", None, []))
-                exc = wire.restore(exc)
-                if not isinstance(exc, BaseException):
-                    exc = RuntimeError(text)
+        _tick(c.sock, self.hub.timeout_s)
+        reader = wire.Reader(c.sock)
+        try:
+            while True:
                 try:
-                    exc.add_note(f"raised in rank {c.rank}'s process (pid {c.pid}):\n"
-                                 + text.rstrip())
-                except AttributeError:
-                    pass
-                raise exc
+                    message, fds = reader.recv()
+                except BlockingIOError:  # a tick without a frame
+                    self.check_run()
+                    continue
+                except (wire.Closed, OSError):
+                    raise self.hub.lost(c) from None
+                if message[0] != "calls":
+                    ended, value = self.handle(message, fds)
+                else:  # calls sent together: the fds are the last one's (the others held none)
+                    last = len(message[1]) - 1
+                    for i, m in enumerate(message[1]):
+                        ended, value = self.handle(m, fds if i == last else ())
+                if ended:
+                    return value
+        finally:
+            reader.close()
+
+    def handle(self, message, fds):
+        """Makes one message's call; (True, the rank's result) when the rank has ended."""
+        c, kind = self.c, message[0]
+        if kind == "call":
+            self.call(message, fds)
+        elif kind == "end":
+            self.drain()
+            wire.send(c.sock, ("ok", None, self.finished + self.done()))
+            return True, message[1]
+        elif kind == "fail":
+            _, exc, text = message
+            wire.send(c.sock, ("ok", None, []))
+            exc = wire.restore(exc)
+            if not isinstance(exc, BaseException):
+                exc = RuntimeError(text)
+            try:
+                exc.add_note(f"raised in rank {c.rank}'s process (pid {c.pid}):\n"
+                             + text.rstrip())
+            except AttributeError:
+                pass
+            raise exc
+        return False, None
 
     def check_run(self):
         """Another rank failed: this rank's process learns it at its next call."""
@@ -346,6 +363,18 @@ class _Server:
         if isinstance(value, dict):
             return {k: self.decode(v) for k, v in value.items()}
         return value
+
+
+def _tick(sock, timeout_s):
+    """A rank's socket as its hub thread uses it: blocking, a read ending empty-handed
+    (BlockingIOError) after TICK_S so the thread looks at the run's state, a write bounded by the
+    run's timeout. The kernel keeps the time (SO_RCVTIMEO, SO_SNDTIMEO): one system call per
+    read or write, where a Python socket timeout polls before each."""
+    def tv(seconds):
+        return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv(TICK_S))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv(timeout_s))
 
 
 def _error(message, code="invalid_argument"):

@@ -1,5 +1,8 @@
 """Frames between a rank process and its hub: a pickled message behind an 8-byte length, on a
-stream socket, with file descriptors (the rank's shared-memory segments) passed alongside.
+stream socket, with file descriptors (the rank's shared-memory segments) passed alongside. Calls
+that go together (a blocking collective's launch, stream wait and data wait) travel as one
+("calls", [message, ...]) frame. A `Reader` takes whatever the socket holds in one system call
+and hands out the frames in it, and the descriptors in the order they came.
 
 Values that stay in the hub travel as `Ref`s (a handle the hub keeps, with the object's type name);
 arrays travel as `Shm` (where their bytes sit in the rank's shared-memory arena); dry-run tensors
@@ -99,23 +102,65 @@ class Closed(ConnectionError):
     """The peer closed the connection (its process ended)."""
 
 
-def frame(message):
-    """`message` as the bytes `send` writes (without file descriptors)."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(data)) + data
-
-
-def send(sock, message, fds=(), before=b""):
-    """Writes `message` (after the frames `before`, already framed) with its file descriptors."""
+def send(sock, message, fds=()):
+    """Writes `message` with its file descriptors (passed with its header)."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     head = HEADER.pack(len(data))
     if fds:
-        if before:
-            sock.sendall(before)
         socket.send_fds(sock, [head], list(fds))
         sock.sendall(data)
     else:
-        sock.sendall(before + head + data)
+        sock.sendall(head + data)
+
+
+class Reader:
+    """Frames from `sock`, read in chunks: a frame its peer wrote at once (most are) costs one
+    recvmsg, not two, and frames that arrived together one between them.
+
+    A sender passes a frame's file descriptors with its header (`send`), and a Unix socket ends a
+    read after the bytes that carried descriptors: they belong to the frame holding the last byte
+    of the read that brought them, and `recv` returns them with that frame."""
+    CHUNK = 1 << 16
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+        self.start = 0   # the stream offset of buf[0]
+        self.fds = []    # [(stream offset of the byte they came with, [fd, ...])]
+
+    def _fill(self, need=0):
+        data, fds, _, _ = socket.recv_fds(self.sock, max(self.CHUNK, need), MAX_FDS)
+        if fds:
+            self.fds.append((self.start + len(self.buf) + len(data) - 1, fds))
+        if not data:
+            raise Closed("connection closed")
+        self.buf += data
+
+    def recv(self):
+        """(message, fds); raises Closed when the peer has gone, and socket.timeout (a Python
+        socket timeout) or BlockingIOError (the kernel's SO_RCVTIMEO) when the socket's timeout
+        passes first: nothing is lost, what was read stays buffered for the next call."""
+        while len(self.buf) < HEADER.size:
+            self._fill()
+        (n,) = HEADER.unpack_from(self.buf)
+        end = HEADER.size + n
+        while len(self.buf) < end:
+            self._fill(min(end - len(self.buf), 1 << 22))
+        message = pickle.loads(self.buf[HEADER.size:end])
+        del self.buf[:end]
+        self.start += end
+        fds = []
+        while self.fds and self.fds[0][0] < self.start:
+            fds.extend(self.fds.pop(0)[1])
+        return message, fds
+
+    def close(self):
+        """Closes descriptors received and not handed out."""
+        import os
+        for _, fds in self.fds:
+            for fd in fds:
+                os.close(fd)
+        self.fds = []
 
 
 def _exact(sock, n, first=b""):

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <set>
 
 #include "cocemu/collectives/ops.h"
 #include "cocemu/runtime/error.h"
 #include "group_state.h"
+#include "hosts/cross_host.h"
 
 namespace cocemu {
 
@@ -58,6 +60,7 @@ std::shared_ptr<detail::GroupState> shared_group(Rank& rank, const std::string& 
   return rank.world().shared<detail::GroupState>(key, [&] {
     std::shared_ptr<detail::GroupState> s = make();
     s->key = key;
+    s->spans_hosts = detail::spans_hosts(rank.world(), s->ranks);
     s->rendezvous_id = ids->fetch_add(1);
     return s;
   });
@@ -154,6 +157,42 @@ struct SplitExchange {
   std::vector<std::pair<int, int>> entries;
   Counter arrived;
 };
+/// A split of a group whose members live on several hosts: each member sends its (color, key) to
+/// the group's other hosts; the member that arrives last on its host collects the remote ones.
+void exchange_across_hosts(Group& parent, std::uint64_t k, SplitExchange& ex) {
+  World& world = parent.owner().world();
+  HostLink& link = *world.hosts();
+  const detail::GroupState& gs = parent.state();
+  const auto key_of = [&](int member) {
+    return world.host_key(fmt::format("split/{}/{}/{}", gs.key, k, member));
+  };
+  std::set<int> others;
+  int local = 0;
+  for (const int r : gs.ranks)
+    if (world.is_local(r))
+      ++local;
+    else
+      others.insert(world.host_of(r));
+  detail::ByteWriter w;
+  const auto [color, key] = ex.entries[std::size_t(parent.rank())];
+  w.put(color).put(key);
+  const Bytes mine = w.take();
+  for (const int h : others)
+    link.send(h, key_of(parent.rank()), mine);
+  if (ex.arrived.add(1) != std::uint32_t(local)) return;
+  for (int j = 0; j < gs.size(); ++j) {
+    if (world.is_local(gs.ranks[std::size_t(j)])) continue;
+    const Bytes theirs = link.receive(key_of(j), [&] {
+      return fmt::format("group rank {} (world rank {}, host {}) to call split #{} of group {}", j,
+                         gs.ranks[std::size_t(j)], world.host_of(gs.ranks[std::size_t(j)]), k,
+                         gs.name);
+    });
+    detail::ByteReader r(theirs, fmt::format("split #{} of group {}", k, gs.name));
+    const int color = r.get<int>();
+    ex.entries[std::size_t(j)] = {color, r.get<int>()};
+  }
+  ex.arrived.add(std::uint32_t(gs.size() - local));
+}
 }  // namespace
 
 Group split(Group& parent, int color, int key) {
@@ -166,7 +205,10 @@ Group split(Group& parent, int color, int key) {
       rank.world().shared<SplitExchange>(fmt::format("split-exchange/{}/{}", parent.state().key, k),
                                          [&] { return std::make_shared<SplitExchange>(n); });
   ex->entries[std::size_t(parent.rank())] = {color, key};
-  ex->arrived.add(1);
+  if (parent.state().spans_hosts)
+    exchange_across_hosts(parent, k, *ex);
+  else
+    ex->arrived.add(1);
   ex->arrived.wait_geq(std::uint32_t(n), [&] {
     return fmt::format("every member of group {} to call split #{}", parent.name(), k);
   });

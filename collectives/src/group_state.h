@@ -88,6 +88,8 @@ struct Member {
   std::int8_t multi_node = -1;  // whether the group spans nodes; -1: not yet looked up (host side)
 };
 
+struct HostCall;
+
 struct GroupState {
   int id = 0;
   std::string name;
@@ -104,6 +106,10 @@ struct GroupState {
   /// never call s + kCallSlots, so calls sharing a counter never overlap.
   std::array<Counter, kCallSlots> joins;
   std::vector<std::unique_ptr<Mailbox>> mailboxes;  // [src * n + dst]
+  /// Members on more than one host (WorldOptions::hosts): calls run as hosts/cross_host.h says.
+  bool spans_hosts = false;
+  std::mutex host_calls_mu;
+  std::map<std::uint64_t, std::shared_ptr<HostCall>> host_calls;  // by sequence, in progress
 
   GroupState(int id_, std::string name_, std::vector<int> ranks_);
   int size() const { return int(ranks.size()); }

@@ -6,6 +6,7 @@
 #include "cocemu/runtime/error.h"
 #include "executor.h"
 #include "group_state.h"
+#include "hosts/cross_host.h"
 
 namespace cocemu {
 
@@ -185,6 +186,35 @@ void finish_fast_call(GroupState& gs, std::uint64_t seq, const CallSignature& si
   gs.fast_done.wait_geq(done, [&] { return missing_members(gs, seq, sig); });
 }
 
+/// all_to_all with explicit splits: the plan for every member's published split sizes. What
+/// each rank receives must be what its peers send it; every member checks every pair, so all of
+/// them stop before anyone writes into a peer's buffer.
+Plan splits_plan(GroupState& gs, int me, std::uint64_t seq) {
+  const CallSignature& sig = gs.members[std::size_t(me)].slots[detail::slot_of(seq)].sig;
+  const int n = gs.size();
+  PlanRequest req{sig.op, sig.algorithm, n, 0, 0, sig.deterministic, {}};
+  for (int j = 0; j < n; ++j) {
+    const detail::CallSlot& s = gs.members[std::size_t(j)].slots[detail::slot_of(seq)];
+    COCEMU_CHECK(s.send_counts.size() == std::size_t(n) && s.recv_counts.size() == std::size_t(n),
+                 Errc::mismatch,
+                 "all_to_all seq {} on group {}: group rank {} gave no split sizes while rank "
+                 "{} did",
+                 seq, gs.name, j, me);
+    req.send_counts.push_back(s.send_counts);
+  }
+  for (int j = 0; j < n; ++j)
+    for (int p = 0; p < n; ++p) {
+      const auto sent = req.send_counts[std::size_t(j)][std::size_t(p)];
+      const auto expected =
+          gs.members[std::size_t(p)].slots[detail::slot_of(seq)].recv_counts[std::size_t(j)];
+      COCEMU_CHECK(sent == expected, Errc::mismatch,
+                   "all_to_all seq {} on group {}: group rank {} sends {} elements to group "
+                   "rank {}, which expects {} (its output_splits)",
+                   seq, gs.name, j, sent, p, expected);
+    }
+  return build_plan(req);
+}
+
 /// A call that is not small: every member runs its own steps, with a barrier per round.
 void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
                   std::shared_ptr<const detail::CachedPlan> cached) {
@@ -198,29 +228,7 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
   const std::vector<detail::MemberBuffers> bufs = published_buffers(gs, seq);
   Plan exchange_plan;
   if (sig.op == CollOp::all_to_all && !call.send_counts.empty()) {
-    // Explicit splits: what each rank receives must be what its peers send it. Every member
-    // checks every pair, so all of them stop before anyone writes into a peer's buffer.
-    PlanRequest req{sig.op, sig.algorithm, n, 0, 0, sig.deterministic, {}};
-    for (int j = 0; j < n; ++j) {
-      const detail::CallSlot& s = gs.members[std::size_t(j)].slots[detail::slot_of(seq)];
-      COCEMU_CHECK(s.send_counts.size() == std::size_t(n) && s.recv_counts.size() == std::size_t(n),
-                   Errc::mismatch,
-                   "all_to_all seq {} on group {}: group rank {} gave no split sizes while rank "
-                   "{} did",
-                   seq, gs.name, j, me);
-      req.send_counts.push_back(s.send_counts);
-    }
-    for (int j = 0; j < n; ++j)
-      for (int p = 0; p < n; ++p) {
-        const auto sent = req.send_counts[std::size_t(j)][std::size_t(p)];
-        const auto expected =
-            gs.members[std::size_t(p)].slots[detail::slot_of(seq)].recv_counts[std::size_t(j)];
-        COCEMU_CHECK(sent == expected, Errc::mismatch,
-                     "all_to_all seq {} on group {}: group rank {} sends {} elements to group "
-                     "rank {}, which expects {} (its output_splits)",
-                     seq, gs.name, j, sent, p, expected);
-      }
-    exchange_plan = build_plan(req);
+    exchange_plan = splits_plan(gs, me, seq);
     plan_ptr = &exchange_plan;
   }
   execute_plan(*plan_ptr, me, n, bufs, sig.dtype, sig.reduce_op, [&](int round) {
@@ -231,6 +239,35 @@ void execute_call(GroupState& gs, int me, std::uint64_t seq, const Call& call,
   });
   gs.barrier(me, [&] {
     return fmt::format("peers to finish {} on group {}", detail::describe(sig, seq), gs.name);
+  });
+}
+
+/// A call on a group whose members live on several hosts (hosts/cross_host.h): this host runs
+/// every member's steps on one thread once the remote inputs are here.
+void execute_across_hosts(GroupState& gs, int me, std::uint64_t seq, const Call& call,
+                          const detail::CachedPlan& cached, World& world) {
+  publish_mine(gs, me, seq, call, cached.plan);
+  const detail::CallSlot& slot = gs.members[std::size_t(me)].slots[detail::slot_of(seq)];
+  detail::HostContribution mine;
+  mine.sig = call.sig;
+  mine.in = slot.in;
+  mine.in_bytes = slot.in ? call.in.nbytes() : 0;
+  mine.out = slot.out;
+  mine.out_bytes = slot.out ? call.out.nbytes() : 0;
+  mine.send_counts = call.send_counts;
+  mine.recv_counts = call.recv_counts;
+  const std::size_t scratch_bytes =
+      std::size_t(cached.plan.scratch_elems) * acc_size(call.sig.dtype);
+  detail::run_cross_host(world, gs, me, seq, mine, scratch_bytes, [&] {
+    check_signatures(gs, me, seq, call.sig);
+    Plan exchange_plan;
+    const Plan* plan = &cached.plan;
+    if (call.sig.op == CollOp::all_to_all && !call.send_counts.empty()) {
+      exchange_plan = splits_plan(gs, me, seq);
+      plan = &exchange_plan;
+    }
+    execute_plan(detail::merge_for_one_actor(*plan), 0, gs.size(), published_buffers(gs, seq),
+                 call.sig.dtype, call.sig.reduce_op, [](int) {});
   });
 }
 
@@ -338,7 +375,12 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   spec.link_use = cost.link_use.empty() ? 0 : cost.link_use[std::size_t(g.rank())];
   spec.detail = cached->detail;
   spec.seq = std::int64_t(seq);
-  spec.rendezvous.push_back({fmt::format("c{}/{}", g.state().rendezvous_id, seq), g.size()});
+  // On several hosts the key must be the same on every host: the group's own (its number here
+  // depends on the order this host's ranks made their groups in).
+  spec.rendezvous.push_back({g.state().spans_hosts || rank.world().hosts()
+                                 ? fmt::format("c{}/{}", g.state().key, seq)
+                                 : fmt::format("c{}/{}", g.state().rendezvous_id, seq),
+                             g.size()});
   if (o.emulator_only) {
     spec.work_ns = 0;
     spec.launch = LaunchKind::none;
@@ -352,7 +394,14 @@ Work enqueue(Group& g, Call call, const CollectiveOptions& o) {
   auto pending =
       std::make_shared<PendingCall>(PendingCall{g, g.rank(), seq, std::move(call), cached});
   // The op's detail names the group and sequence number in timeout reports.
-  if (runs_fast(pending->call)) {
+  if (g.state().spans_hosts) {
+    comm.launch(std::move(spec), [pending] {
+      guarded(pending, [](PendingCall& c) {
+        execute_across_hosts(c.group.state(), c.me, c.seq, c.call, *c.cached,
+                             c.group.owner().world());
+      });
+    });
+  } else if (runs_fast(pending->call)) {
     // Start and finish apart: a stream joins the next small call before this one is done.
     comm.launch_split(
         std::move(spec), &g.state(),
@@ -605,6 +654,32 @@ Work barrier(Group& g, const CollectiveOptions& o) {
 // ---------------------------------------------------------------------------------------------
 // Point to point
 
+namespace {
+/// The key of message #index from group rank `src` to `dst` when they live on different hosts.
+std::string p2p_key(const World& world, const GroupState& gs, int src, int dst,
+                    std::uint64_t index) {
+  return world.host_key(fmt::format("p2p/{}/{}>{}/{}", gs.key, src, dst, index));
+}
+
+Bytes encode(const detail::Message& m) {
+  detail::ByteWriter w;
+  w.put(m.dtype).put(m.count).put(m.tag).put(m.index).put_vector(m.data);
+  return w.take();
+}
+
+detail::Message decode(const Bytes& data, const GroupState& gs, int src, std::uint64_t index) {
+  detail::ByteReader r(data,
+                       fmt::format("send #{} from group rank {} on group {}", index, src, gs.name));
+  detail::Message m;
+  m.dtype = r.get<DType>();
+  m.count = r.get<std::int64_t>();
+  m.tag = r.get<int>();
+  m.index = r.get<std::uint64_t>();
+  m.data = r.get_vector<std::byte>();
+  return m;
+}
+}  // namespace
+
 Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
   check_member(g, "batch_isend_irecv");
   Rank& rank = g.owner();
@@ -685,6 +760,12 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
       msg.count = p.op.tensor.numel();
       msg.tag = p.op.tag;
       msg.index = p.index;
+      const int peer_world = gs.ranks[std::size_t(p.op.peer)];
+      if (World& world = keep.owner().world(); !world.is_local(peer_world)) {
+        world.hosts()->send(world.host_of(peer_world), p2p_key(world, gs, me, p.op.peer, p.index),
+                            encode(msg));
+        continue;
+      }
       detail::Mailbox& mb = gs.mailbox(me, p.op.peer);
       {
         std::lock_guard lock(mb.mu);
@@ -698,15 +779,19 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
       const std::uint64_t idx = m.received_from[std::size_t(p.op.peer)]++;
       keep.owner().note_activity(
           fmt::format("recv #{} from group rank {} on group {}", idx, p.op.peer, gs.name));
-      mb.posted.wait_geq(std::uint32_t(idx + 1), [&] {
+      const auto awaited = [&] {
         return fmt::format(
             "send #{} from group rank {} (world rank {}) to group rank {} on "
             "group {} (matching recv of {} {})",
             idx, p.op.peer, gs.ranks[std::size_t(p.op.peer)], me, gs.name, p.op.tensor.describe(),
             p.op.tag ? fmt::format("tag {}", p.op.tag) : "");
-      });
+      };
       detail::Message msg;
-      {
+      if (World& world = keep.owner().world(); !world.is_local(gs.ranks[std::size_t(p.op.peer)])) {
+        const Bytes data = world.hosts()->receive(p2p_key(world, gs, p.op.peer, me, idx), awaited);
+        msg = decode(data, gs, p.op.peer, idx);
+      } else {
+        mb.posted.wait_geq(std::uint32_t(idx + 1), awaited);
         std::lock_guard lock(mb.mu);
         msg = std::move(mb.queue.front());
         mb.queue.pop_front();

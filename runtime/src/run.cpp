@@ -11,6 +11,7 @@
 #include "cocemu/runtime/limits.h"
 #include "cocemu/runtime/world.h"
 #include "failure.h"
+#include "hosts/exchange.h"
 
 namespace cocemu {
 
@@ -54,14 +55,66 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
+/// Throws the run's first failure as an Error naming the rank.
+[[noreturn]] void rethrow_failure(World& world) {
+  {
+    const std::exception_ptr e = world.first_error();
+    const int r = world.first_error_rank();
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.message()), err.origin(), r);
+    } catch (const std::bad_alloc&) {  // kept as thrown when memory ran out describing it
+      throw Error(Errc::resource_exhausted,
+                  fmt::format("rank {} failed: out of memory (std::bad_alloc); {}; use smaller "
+                              "sizes, fewer ranks, or --dry-run",
+                              r, memory_limits_summary()),
+                  std::string{}, r);
+    } catch (const std::system_error& ex) {
+      throw Error(Errc::resource_exhausted,
+                  fmt::format("rank {} failed: {} ({}; {})", r, ex.what(), memory_limits_summary(),
+                              thread_limits_summary()),
+                  std::string{}, r);
+    } catch (const std::exception& ex) {
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()),
+                  std::string{}, r);
+    } catch (...) {
+      throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r),
+                  std::string{}, r);
+    }
+  }
+}
+
+/// While a run on several hosts is in progress, a failure another host reports aborts this world
+/// (its waits end with it).
+class HostFailureHook {
+ public:
+  explicit HostFailureHook(World& world) : link_(world.hosts()) {
+    if (!link_) return;
+    link_->on_failure([&world](int host, const std::string& text) {
+      const int first = host * (world.size() / world.hosts()->n_hosts());
+      world.abort(first, std::make_exception_ptr(Error(Errc::remote_failure, text)));
+    });
+  }
+  ~HostFailureHook() {
+    if (link_) link_->on_failure({});
+  }
+  HostFailureHook(const HostFailureHook&) = delete;
+  HostFailureHook& operator=(const HostFailureHook&) = delete;
+
+ private:
+  HostLink* link_;
+};
+
 }  // namespace
 
 RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn) {
   auto shared = std::make_shared<RunShared>(options, fn);
   World& world = shared->world;
+  const std::vector<int> ranks = world.local_ranks();  // every rank unless on several hosts
   if (options.estimate_bytes_per_rank >= 0) {
     // A rank thread, its compute and comm streams and the extra streams the caller names.
-    const std::int64_t n = world.size();
+    const std::int64_t n = std::int64_t(ranks.size());
     check_estimate(
         {.what = fmt::format("a run of {} ranks", n),
          .memory_bytes = checked_mul(n, options.estimate_bytes_per_rank + kRankOverheadBytes,
@@ -69,11 +122,12 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
          .threads = n * (3 + options.estimate_extra_streams),
          .way_out = "use fewer ranks or smaller sizes"});
   }
+  HostFailureHook hook(world);
   shared->done.assign(std::size_t(world.size()), 0);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
-  threads.reserve(std::size_t(world.size()));
-  for (int r = 0; r < world.size(); ++r) {
+  threads.reserve(ranks.size());
+  for (const int r : ranks) {
     // A thread that cannot start fails the run like a rank that threw: the ranks already
     // running are woken from their waits and unwound, and joined below.
     try {
@@ -105,7 +159,8 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
                            Errc::resource_exhausted,
                            fmt::format("cannot start the thread of rank {} ({} of {} started): {} "
                                        "({}); use fewer ranks, or raise the limit",
-                                       r, r, world.size(), e.what(), thread_limits_summary()))));
+                                       r, threads.size(), ranks.size(), e.what(),
+                                       thread_limits_summary()))));
       } catch (const std::bad_alloc&) {  // no memory for the message: the cause as it is
         world.abort(r, cause);
       }
@@ -137,18 +192,20 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string why = fmt::format("run interrupted by {} after {:.1f} s", interrupt, after_s);
     world.cancel(std::make_exception_ptr(Error(Errc::cancelled, why)));
+    if (HostLink* link = world.hosts()) link->report_failure(why);
     std::vector<int> left;
     {
       std::unique_lock lock(shared->mu);
       shared->cv.wait_for(lock, kCancelGrace, [&] { return shared->finished == started; });
-      for (int r = 0; r < started; ++r)
-        if (!shared->done[std::size_t(r)]) left.push_back(r);
+      for (int i = 0; i < started; ++i)
+        if (!shared->done[std::size_t(ranks[std::size_t(i)])])
+          left.push_back(ranks[std::size_t(i)]);
     }
-    for (int r = 0; r < started; ++r) {
-      if (std::find(left.begin(), left.end(), r) == left.end())
-        threads[std::size_t(r)].join();
+    for (int i = 0; i < started; ++i) {
+      if (std::find(left.begin(), left.end(), ranks[std::size_t(i)]) == left.end())
+        threads[std::size_t(i)].join();
       else
-        threads[std::size_t(r)].detach();  // keeps `shared` alive until its code returns
+        threads[std::size_t(i)].detach();  // keeps `shared` alive until its code returns
     }
     std::string msg = why;
     if (!left.empty())
@@ -166,33 +223,21 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
   for (auto& t : threads)
     t.join();
   if (auto e = world.first_error()) {
-    const int r = world.first_error_rank();
     try {
-      std::rethrow_exception(e);
+      rethrow_failure(world);
     } catch (const Error& err) {
-      throw Error(err.code(), fmt::format("rank {} failed: {}", r, err.message()), err.origin(), r);
-    } catch (const std::bad_alloc&) {  // kept as thrown when memory ran out describing it
-      throw Error(Errc::resource_exhausted,
-                  fmt::format("rank {} failed: out of memory (std::bad_alloc); {}; use smaller "
-                              "sizes, fewer ranks, or --dry-run",
-                              r, memory_limits_summary()),
-                  std::string{}, r);
-    } catch (const std::system_error& ex) {
-      throw Error(Errc::resource_exhausted,
-                  fmt::format("rank {} failed: {} ({}; {})", r, ex.what(), memory_limits_summary(),
-                              thread_limits_summary()),
-                  std::string{}, r);
-    } catch (const std::exception& ex) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw: {}", r, ex.what()),
-                  std::string{}, r);
-    } catch (...) {
-      throw Error(Errc::rank_exception, fmt::format("rank {} threw a non-standard exception", r),
-                  std::string{}, r);
+      if (HostLink* link = world.hosts()) link->report_failure(err.message());
+      throw;
     }
   }
   RunResult result;
   result.profile = world.options().profile;
   result.numerics = world.options().numerics;
+  if (world.hosts()) {
+    // The other hosts' ranks recorded their ops there: one graph, one timeline on every host.
+    ScopedWaitScope scope({.timeout = world.options().timeout});
+    detail::exchange_graphs(world);
+  }
   result.wall_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
           .count();

@@ -40,6 +40,17 @@ SymmetricBuffer SymmetricBuffer::allocate(Rank& rank, const std::vector<int>& te
   COCEMU_CHECK_ARG(me >= 0, "symmetric allocation: rank {} is not in the team [{}]", rank.id(),
                    team_str(team));
   COCEMU_CHECK_ARG(n_flags >= 0, "symmetric allocation: n_flags = {} must be >= 0", n_flags);
+  // Peers' memory is read in place (a fused kernel's tiles, remote flags): one address space.
+  for (const int r : team)
+    COCEMU_CHECK_ARG(
+        rank.world().host_of(r) == rank.world().host_of(rank.id()),
+        "symmetric allocation on rank {}: team [{}] spans hosts (rank {} on host {}, "
+        "rank {} on host {}); symmetric memory and the fused kernels that use it "
+        "need their team on one host: keep tensor and context parallel groups "
+        "within a host's {} ranks",
+        rank.id(), team_str(team), rank.id(), rank.world().host_of(rank.id()), r,
+        rank.world().host_of(r),
+        rank.world().size() / (rank.world().hosts() ? rank.world().hosts()->n_hosts() : 1));
   const std::string base = "sym/" + team_str(team);
   const std::uint64_t seq = rank.next_sequence(base);
   auto state = rank.world().shared<detail::SymmetricState>(fmt::format("{}/{}", base, seq), [&] {

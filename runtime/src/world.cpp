@@ -601,12 +601,34 @@ World::World(const WorldOptions& options)
                    options_.max_queued_ops, 1 << 20);
   if (!options_.profile) options_.profile = default_profile();
   options_.profile->check_world(options_.n_ranks);
+  if (const HostLink* link = hosts()) {
+    COCEMU_CHECK_ARG(options_.n_ranks % link->n_hosts() == 0,
+                     "run: {} ranks do not divide evenly over {} hosts; each host runs the same "
+                     "number of ranks (a whole number of nodes)",
+                     options_.n_ranks, link->n_hosts());
+    host_run_ = options_.hosts->next_run();
+  }
   graph_.ranks.resize(std::size_t(options_.n_ranks));
   for (int r = 0; r < options_.n_ranks; ++r)
     activity_.push_back(std::make_unique<RankActivity>());
 }
 
 World::~World() = default;
+
+int World::host_of(int rank) const {
+  return hosts() ? host_of_rank(rank, size(), hosts()->n_hosts()) : 0;
+}
+
+std::vector<int> World::local_ranks() const {
+  std::vector<int> out;
+  for (int r = 0; r < size(); ++r)
+    if (is_local(r)) out.push_back(r);
+  return out;
+}
+
+std::string World::host_key(std::string_view what) const {
+  return fmt::format("r{}/{}", host_run_, what);
+}
 
 namespace {
 bool is_primary(std::exception_ptr e) {

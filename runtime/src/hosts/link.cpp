@@ -35,7 +35,7 @@ Bytes HostLink::receive(const std::string& key, const std::function<std::string(
 }
 
 void HostLink::on_failure(std::function<void(int, const std::string&)> f) {
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(notify_mu_);  // a call in progress ends before its target goes away
   on_failure_ = std::move(f);
 }
 
@@ -48,15 +48,14 @@ void HostLink::deliver(std::string key, Bytes data) {
 }
 
 void HostLink::deliver_failure(int host, std::string text) {
-  std::function<void(int, const std::string&)> notify;
   std::string message = fmt::format("host {} failed: {}", host, text);
   {
     std::lock_guard lock(mu_);
     if (failure_.empty()) failure_ = message;
-    notify = on_failure_;
   }
   arrivals_.add(1);
-  if (notify) notify(host, message);
+  std::lock_guard lock(notify_mu_);
+  if (on_failure_) on_failure_(host, message);
 }
 
 // -------------------------------------------------------------------------------------------

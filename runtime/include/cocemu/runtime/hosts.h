@@ -69,7 +69,8 @@ class HostLink {
   std::uint64_t runs_ = 0;
   std::mutex mu_;
   std::unordered_map<std::string, Bytes> arrived_;
-  std::string failure_;  // the first peer failure, "host 1 failed: …"
+  std::string failure_;   // the first peer failure, "host 1 failed: …"
+  std::mutex notify_mu_;  // held while on_failure_ runs or changes
   std::function<void(int, const std::string&)> on_failure_;
   Counter arrivals_;
 };
@@ -110,6 +111,11 @@ class ByteWriter {
     put<std::uint64_t>(v.size());
     return put_bytes(v.data(), v.size() * sizeof(T));
   }
+  /// Pads to a multiple of `a` bytes from the message's start (data read in place stays aligned).
+  ByteWriter& align(std::size_t a) {
+    out_.resize((out_.size() + a - 1) / a * a);
+    return *this;
+  }
   Bytes take() { return std::move(out_); }
 
  private:
@@ -135,6 +141,8 @@ class ByteReader {
     if (n) std::memcpy(v.data(), take(n * sizeof(T)), n * sizeof(T));
     return v;
   }
+  /// Skips the padding ByteWriter::align(a) wrote.
+  void align(std::size_t a) { take((pos_ + a - 1) / a * a - pos_); }
   bool done() const { return pos_ == in_.size(); }
 
  private:

@@ -17,6 +17,7 @@
 
 #include "cocemu/runtime/cost_model.h"
 #include "cocemu/runtime/graph.h"
+#include "cocemu/runtime/hosts.h"
 #include "cocemu/runtime/profile.h"
 #include "cocemu/runtime/sync.h"
 
@@ -139,6 +140,9 @@ struct WorldOptions {
   /// ("launch queue full"). 1..2^20.
   int max_queued_ops = kDefaultMaxQueuedOps;
   static constexpr int kDefaultMaxQueuedOps = 1024;
+  /// A world on several hosts (hosts.h): this process runs the ranks of `hosts->host()` only, and
+  /// what crosses to the others goes through the link. Null: every rank is here.
+  std::shared_ptr<HostLink> hosts;
 };
 
 /// Host memory a rank takes beyond the caller's tensors: its streams, queues and op records
@@ -240,6 +244,18 @@ class World {
 
   std::int64_t wall_now_ns() const;
   ModelGraph& graph() { return graph_; }
+
+  /// Several hosts (WorldOptions::hosts): the link, or null when every rank is in this process.
+  HostLink* hosts() const { return options_.hosts.get(); }
+  /// The host that runs world rank `rank` (0 on one host).
+  int host_of(int rank) const;
+  /// Whether this process runs world rank `rank`.
+  bool is_local(int rank) const { return !hosts() || host_of(rank) == hosts()->host(); }
+  /// The world ranks this process runs, in order.
+  std::vector<int> local_ranks() const;
+  /// `what` made unique to this run among the runs on the link ("r3/what"): every host numbers
+  /// its runs alike, so both ends of a message derive one key.
+  std::string host_key(std::string_view what) const;
   std::exception_ptr first_error() const;
   int first_error_rank() const;
 
@@ -265,6 +281,7 @@ class World {
   std::mutex shared_mu_;
   std::unordered_map<std::string, std::shared_ptr<void>> shared_;
   ModelGraph graph_;
+  std::uint64_t host_run_ = 0;  // this run's number on the link (hosts())
   std::chrono::steady_clock::time_point t0_;
   std::mutex keep_mu_;
   std::vector<std::shared_ptr<const void>> kept_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
@@ -703,6 +704,81 @@ class StageRunner {
   std::vector<PieceRange> pieces_;
 };
 
+/// On several hosts (WorldOptions::hosts) each host collected what its own ranks left: every
+/// host sends its part to the others, so each one assembles the whole result.
+void share_across_hosts(HostLink& link, int world_size, Collected& out) {
+  const std::string key = fmt::format("r{}/train-collected", link.next_run());
+  cocemu::detail::ByteWriter w;
+  for (std::size_t it = 0; it < out.loss.size(); ++it)
+    for (std::size_t c = 0; c < out.loss[it].size(); ++c)
+      for (std::size_t mb = 0; mb < out.loss[it][c].size(); ++mb)
+        if (const auto& v = out.loss[it][c][mb])
+          w.put<std::uint8_t>(1).put(it).put(c).put(mb).put(*v);
+  for (std::size_t it = 0; it < out.grad_norm.size(); ++it)
+    if (out.grad_norm[it]) w.put<std::uint8_t>(2).put(it).put(*out.grad_norm[it]);
+  for (int r = 0; r < world_size; ++r)
+    if (host_of_rank(r, world_size, link.n_hosts()) == link.host())
+      w.put<std::uint8_t>(3)
+          .put(r)
+          .put_vector(out.iteration_first_op[std::size_t(r)])
+          .put(out.end_op[std::size_t(r)]);
+  for (const PipelineBlock& b : out.blocks)
+    w.put<std::uint8_t>(4).put(b);
+  for (const PieceRange& p : out.pieces)
+    w.put<std::uint8_t>(5).put_string(p.what).put(p.first_op).put(p.end_op).put(p.rank);
+  for (const auto& [name, t] : out.weights) {
+    w.put<std::uint8_t>(6).put_string(name).put(t.dtype()).put<int>(t.ndim());
+    for (int d = 0; d < t.ndim(); ++d)
+      w.put(t.size(d));
+    w.put_bytes(t.raw(), t.nbytes());
+  }
+  w.put<std::uint8_t>(0);
+  const Bytes mine = w.take();
+  for (int h = 0; h < link.n_hosts(); ++h)
+    if (h != link.host()) link.send(h, fmt::format("{}/{}", key, link.host()), mine);
+  for (int h = 0; h < link.n_hosts(); ++h) {
+    if (h == link.host()) continue;
+    const Bytes theirs = link.receive(fmt::format("{}/{}", key, h), [&] {
+      return fmt::format("host {}'s losses, norms and weights at the end of train", h);
+    });
+    cocemu::detail::ByteReader r(theirs, fmt::format("train's results from host {}", h));
+    for (auto tag = r.get<std::uint8_t>(); tag != 0; tag = r.get<std::uint8_t>()) {
+      if (tag == 1) {
+        const auto it = r.get<std::size_t>(), c = r.get<std::size_t>(), mb = r.get<std::size_t>();
+        out.loss.at(it).at(c).at(mb) = std::make_shared<double>(r.get<double>());
+      } else if (tag == 2) {
+        const auto it = r.get<std::size_t>();
+        out.grad_norm.at(it) = std::make_shared<double>(r.get<double>());
+      } else if (tag == 3) {
+        const auto rank = std::size_t(r.get<int>());
+        out.iteration_first_op.at(rank) = r.get_vector<std::uint32_t>();
+        out.end_op.at(rank) = r.get<std::uint32_t>();
+      } else if (tag == 4) {
+        out.blocks.push_back(r.get<PipelineBlock>());
+      } else if (tag == 5) {
+        PieceRange p;
+        p.what = r.get_string();
+        p.first_op = r.get<std::uint32_t>();
+        p.end_op = r.get<std::uint32_t>();
+        p.rank = r.get<int>();
+        out.pieces.push_back(std::move(p));
+      } else if (tag == 6) {
+        std::string name = r.get_string();
+        const auto dtype = r.get<DType>();
+        std::vector<std::int64_t> dims(std::size_t(r.get<int>()));
+        for (auto& d : dims)
+          d = r.get<std::int64_t>();
+        Tensor t = Tensor::zeros(Shape(std::span<const std::int64_t>(dims)), dtype);
+        std::memcpy(t.raw(), r.take(t.nbytes()), t.nbytes());
+        out.weights[std::move(name)] = std::move(t);
+      } else {
+        throw Error(Errc::mismatch,
+                    fmt::format("train's results from host {}: unknown entry {}", h, int(tag)));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, WorldOptions world) {
@@ -743,6 +819,7 @@ TrainResult train(const TrainOptions& o, WorldOptions world) {
   out.iteration_first_op.resize(std::size_t(l.world()));
   out.end_op.resize(std::size_t(l.world()));
   result.run = run(world, [&](Rank& rank) { StageRunner(rank, o, out).run(); });
+  if (world.hosts) share_across_hosts(*world.hosts, l.world(), out);
   if (result.run.numerics) {
     for (const auto& per_dp : out.loss) {
       double sum = 0;

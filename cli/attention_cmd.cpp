@@ -22,6 +22,7 @@
 #include "cocemu/runtime/blas.h"
 #include "cocemu/runtime/checked.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/mpi_link.h"
 #include "cocemu/runtime/npy.h"
 #include "cocemu/runtime/trace.h"
 #include "commands.h"
@@ -364,6 +365,8 @@ void run_one(const AttnOpts& o, const Request& r) {
   Tensor lse = numerics ? Tensor::zeros({p.batch, p.heads, p.seq}, dtype) : Tensor();
   WorldOptions wo;
   wo.n_ranks = o.cp;
+  // Under mpirun every process is one host of the world: each runs its ranks, host 0 reports.
+  wo.hosts = started_by_mpirun() ? mpi_hosts() : nullptr;
   wo.numerics = numerics;
   wo.profile = std::make_shared<const DeviceProfile>(load_named_profile(o.profile));
   std::mutex mu;
@@ -401,6 +404,25 @@ void run_one(const AttnOpts& o, const Request& r) {
                     e);
     }
   });
+  if (HostLink* link = wo.hosts.get()) {
+    // Each host wrote its ranks' rows (and boundaries) and left the others zero.
+    const auto merge = [&](void* p, std::size_t n, const char* what) {
+      merge_disjoint_parts(*link, {static_cast<std::byte*>(p), n}, what);
+    };
+    merge(boundary.data(), boundary.size() * sizeof(std::uint32_t), "attention boundaries");
+    if (numerics)
+      for (auto [t, name] : {std::pair{&out, "out"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"},
+                             {&lse, "lse"}})
+        merge(t->raw(), t->nbytes(), name);
+    if (link->host() != 0) {
+      std::printf("cocemu attention: %s ran ranks %d..%d over %s; host 0 reports\n",
+                  link->describe().c_str(), link->host() * (o.cp / link->n_hosts()),
+                  (link->host() + 1) * (o.cp / link->n_hosts()) - 1, link->transport().c_str());
+      return;
+    }
+    std::printf("# %d hosts over %s; this is host 0\n", link->n_hosts(),
+                link->transport().c_str());
+  }
   // Modeled report. The ranks of a causal ring run different blocks (the first gets later
   // ranks' blocks cut to half their queries), so each pass is reported from the rank that ends
   // it: its time, its compute and what of its time no compute covers.

@@ -10,6 +10,7 @@
 #include "cocemu/bench/limits/estimate.h"
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/input_file.h"
+#include "cocemu/runtime/mpi_link.h"
 #include "cocemu/runtime/trace.h"
 #include "cocemu/train/config.h"
 #include "cocemu/train/part_model.h"
@@ -63,8 +64,21 @@ bool fits(const Estimate& e, double max_seconds) {
   }
 }
 
+/// An estimate for one host's share of a world spread over `hosts` hosts (its ranks' memory and
+/// threads; the host time is the slowest host's, about the same share).
+Estimate per_host(Estimate e, const std::shared_ptr<HostLink>& hosts) {
+  if (!hosts || hosts->n_hosts() == 1) return e;
+  const int n = hosts->n_hosts();
+  e.memory_bytes /= n;
+  e.threads = (e.threads + n - 1) / n;
+  e.host_seconds /= n;
+  e.what += fmt::format(" (its share on {})", hosts->describe());
+  return e;
+}
+
 bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& engine,
-                           layers::train::TrainResult* keep, double max_seconds) {
+                           layers::train::TrainResult* keep, double max_seconds,
+                           const std::shared_ptr<HostLink>& hosts) {
   const auto& l = setup.options.layout;
   const int world = l.world();
   // auto: emulate what fits (up to 64 devices), unless a dry run would record more layer passes
@@ -92,8 +106,9 @@ bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& en
       engine == "model" ||
       (engine == "auto" &&
        (world > kMaxEmulatedWorld ||
-        (setup.dry_run && (layer_passes > kMaxEmulatedPasses ||
-                           !fits(bench::estimate_train_emulated(setup, what), max_seconds)))));
+        (setup.dry_run &&
+         (layer_passes > kMaxEmulatedPasses ||
+          !fits(per_host(bench::estimate_train_emulated(setup, what), hosts), max_seconds)))));
   if (model) {
     COCEMU_CHECK_ARG(setup.dry_run || engine != "model",
                      "--engine model prices the iteration from the cost model, without numerics; "
@@ -110,8 +125,9 @@ bench::TrainReport run_one(const bench::TrainSetup& setup, const std::string& en
                    "--engine emulate: {} devices are more than the {} the emulator runs; use "
                    "--engine model with --dry-run",
                    world, kMaxEmulatedWorld);
-  check_estimate(bench::estimate_train_emulated(setup, what), max_seconds);
+  check_estimate(per_host(bench::estimate_train_emulated(setup, what), hosts), max_seconds);
   WorldOptions w;
+  w.hosts = hosts;
   w.profile = setup.profile;
   w.numerics = !setup.dry_run;
   w.deterministic = setup.deterministic;
@@ -211,6 +227,26 @@ void collect_flags(TrainOpts& o, CLI::App* sub) {
   both(o.nondeterministic, "--nondeterministic", o.deterministic_mode, "--deterministic-mode");
   if (o.nondeterministic) f.deterministic.set(false, "--nondeterministic");
   if (o.deterministic_mode) f.deterministic.set(true, "--deterministic-mode");
+}
+
+/// --compare-coc's strategies, in the order it reports them.
+constexpr const char* kCompared[] = {"serial", "script-p2", "script-p4", "script-p8", "fused"};
+
+/// `settings` with every TP linear on CoC strategy `name`: a CoC config's per-shape choices (and
+/// the platform's CoC flags) give way to it, the config's other keys stay.
+bench::TrainSettings strategy(bench::TrainSettings s, const char* name) {
+  s.use_ascend_coc = {};
+  s.coc_parallel_num = {};
+  s.coc_fused_kernel = {};
+  s.tp_comm_overlap = {};
+  s.coc.set(name, "--compare-coc");
+  s.coc_overrides_config = true;
+  return s;
+}
+
+/// The ranks each host runs.
+int rep_world(const bench::TrainSetup& setup, const HostLink& hosts) {
+  return setup.options.layout.world() / hosts.n_hosts();
 }
 
 /// The first of `settings` that is given ("" if none).
@@ -399,14 +435,28 @@ void add_train(CLI::App& app) {
     check_output_dir("--out-dir", o->out_dir);
     if (!o->json.empty()) check_output_file("--json", o->json);
 
+    // Under mpirun every process is one host of the world: each runs its ranks, host 0 reports.
+    const std::shared_ptr<HostLink> hosts = started_by_mpirun() ? mpi_hosts() : nullptr;
     layers::train::TrainResult kept;
-    const bench::TrainReport rep = run_one(setup, o->engine, &kept, time_budget(o->max_seconds));
+    const bench::TrainReport rep =
+        run_one(setup, o->engine, &kept, time_budget(o->max_seconds), hosts);
+    if (hosts && hosts->host() != 0) {
+      std::printf("cocemu train: %s ran ranks %d..%d over %s; host 0 reports\n",
+                  hosts->describe().c_str(), hosts->host() * rep_world(setup, *hosts),
+                  (hosts->host() + 1) * rep_world(setup, *hosts) - 1, hosts->transport().c_str());
+      if (o->compare_coc)  // host 0's runs are this host's too
+        for (const char* name : kCompared)
+          run_one(bench::resolve_settings(strategy(settings, name), o->dry_run), o->engine, nullptr,
+                  time_budget(o->max_seconds), hosts);
+      return;
+    }
+    if (hosts)
+      std::printf("# %d hosts over %s; this is host 0\n", hosts->n_hosts(),
+                  hosts->transport().c_str());
     std::fputs(bench::format_report(rep).c_str(), stdout);
     nlohmann::json j = bench::to_json(rep);
     j["coc"] = setup.coc_name;
     if (o->compare_coc) {
-      // Each strategy runs every TP linear; a CoC config's per-shape choices (and the
-      // platform's CoC flags) give way to it, the config's other keys stay.
       const std::string configured =
           first_given(settings.coc_config, settings.use_ascend_coc, settings.tp_comm_overlap);
       std::printf("\n# --compare-coc: the same step with each CoC strategy%s\n",
@@ -429,17 +479,9 @@ void add_train(CLI::App& app) {
                         {"mfu", r.mfu},
                         {"gain_over_serial", gain}});
       };
-      for (const char* name : {"serial", "script-p2", "script-p4", "script-p8", "fused"}) {
-        bench::TrainSettings s = settings;
-        s.use_ascend_coc = {};
-        s.coc_parallel_num = {};
-        s.coc_fused_kernel = {};
-        s.tp_comm_overlap = {};
-        s.coc.set(name, "--compare-coc");
-        s.coc_overrides_config = true;
-        row(name, run_one(bench::resolve_settings(s, o->dry_run), o->engine, nullptr,
-                          time_budget(o->max_seconds)));
-      }
+      for (const char* name : kCompared)
+        row(name, run_one(bench::resolve_settings(strategy(settings, name), o->dry_run), o->engine,
+                          nullptr, time_budget(o->max_seconds), hosts));
       if (!configured.empty()) row("as configured", rep);
       j["compare_coc"] = rows;
     }

@@ -202,6 +202,7 @@ void raw_bandwidth() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run killed at its timeout still shows its lines
   const std::string mode = argc == 2 ? argv[1] : "";
   try {
     if (mode == "raw") {

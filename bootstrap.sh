@@ -25,10 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # Debian 12 (bookworm) and 13 (trixie) name these packages alike; their Pythons differ (3.11 and
-# 3.13), which the project environment takes care of.
+# 3.13), which the project environment takes care of. Open MPI (libopenmpi-dev, openmpi-bin: 4.1
+# on Debian 12, 5.0 on 13) gives the cocemu CLI its transport for `mpirun -n H cocemu …`.
 PKGS="build-essential cmake pkg-config libopenblas-dev libopenblas-pthread-dev libtbb-dev \
 libyaml-cpp-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev librsvg2-bin \
-python3-dev python3-numpy python3-venv pybind11-dev"
+python3-dev python3-numpy python3-venv pybind11-dev libopenmpi-dev openmpi-bin"
 JOBS="${JOBS:-$(nproc)}"
 
 deps() {

@@ -6,6 +6,8 @@
 //                             from the last host reaching every other host as an error naming it
 //   mpi_link_check bandwidth  64 MiB from host 0 to host 1 through HostLink, best of 5
 //   mpi_link_check raw        the same transfer with MPI_Send/MPI_Recv, best of 5
+//   mpi_link_check stuck      host 0 ends its link while the others sleep 60 s without ending
+//                             theirs: host 0 must end the job (MPI_Abort) after its timeout
 //
 // Prints "ok …" lines and, for the bandwidth modes, "bandwidth <mode> <bytes> <seconds> <GB/s>"
 // (GB = 1e9 bytes); exits 1 with "FAILED: …" on the first wrong result.
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cocemu/runtime/error.h"
@@ -199,14 +202,16 @@ void raw_bandwidth() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run killed at its timeout still shows its lines
   const std::string mode = argc == 2 ? argv[1] : "";
   try {
     if (mode == "raw") {
       raw_bandwidth();
       return 0;
     }
-    if (mode != "messages" && mode != "bandwidth") {
-      std::fprintf(stderr, "usage: %s messages|bandwidth|raw (got '%s')\n", argv[0], mode.c_str());
+    if (mode != "messages" && mode != "bandwidth" && mode != "stuck") {
+      std::fprintf(stderr, "usage: %s messages|bandwidth|raw|stuck (got '%s')\n", argv[0],
+                   mode.c_str());
       return 2;
     }
     expect(mpi_available(), "mpi_available() is false in a build with MPI");
@@ -216,6 +221,12 @@ int main(int argc, char** argv) {
     expect(link->transport().find("MPI (") == 0,
            fmt::format("transport() = '{}'", link->transport()));
     std::printf("%s: %s\n", link->describe().c_str(), link->transport().c_str());
+    if (mode == "stuck") {
+      if (link->host() != 0) std::this_thread::sleep_for(std::chrono::seconds(60));
+      close_mpi_hosts();  // host 0: aborts the job after COCEMU_TIMEOUT_MS
+      fail(fmt::format("{}: close_mpi_hosts() returned while another host never ended its link",
+                       link->describe()));
+    }
     if (mode == "messages") {
       messages(*link);
     } else {

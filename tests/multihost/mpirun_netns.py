@@ -3,12 +3,16 @@
 
 Layout: H namespaces `<prefix>-h<i>`, each with one interface `eth0` at 10.78.0.<i+1>/24, joined by a
 bridge `br0` in a namespace of its own (`<prefix>-br`), so nothing of the machine's own network is
-touched. mpirun runs in the root namespace and starts each process (MPMD, `-n 1` per host) as
-`ip netns exec <ns> <command>`; the processes reach mpirun's PMIx server through its Unix socket (a
-path in /tmp, which network namespaces do not separate), and their MPI traffic can only take eth0:
-the TCP BTL alone (`--mca btl self,tcp`, no shared memory), restricted to 10.78.0.0/24, with the ob1
-PML (not UCX, which would pick its own transports). The byte counters of each eth0 are read before
-and after, so a test can check that the traffic crossed the veths.
+touched. mpirun runs in the bridge's namespace (10.78.0.254 on br0) with a host file naming the H
+namespaces, and its remote shell is a script that runs Open MPI's daemon (orted) in the named
+namespace, with that name as its hostname (its own UTS namespace: daemons sharing the machine's
+hostname share per-host files of Open MPI and sometimes failed to start). So each host is what
+a real one is: its daemon reaches mpirun over TCP across the bridge, its process reaches its own
+daemon's PMIx server on its own loopback, and MPI traffic can only take eth0: the TCP BTL
+(`btl self,tcp`, no shared memory) on 10.78.0.0/24 with the ob1 PML (not UCX, which picks its own
+transports). (`-n 1 ip netns exec nsH cmd` per host does not work: the processes cannot reach
+mpirun's PMIx server on the root namespace's loopback.) The byte counters of each eth0 are read
+before and after, so a test can check that the traffic crossed the veths.
 
 As a module:  with NetnsHosts(2) as hosts: result = hosts.mpirun(["prog", "arg"])
               result.returncode, result.hosts[h].stdout / .stderr / .returncode,
@@ -174,7 +178,9 @@ class NetnsHosts:
             # that host's namespace.
             agent = os.path.join(out, "agent.sh")
             with open(agent, "w") as f:
-                f.write('#!/bin/sh\nhost="$1"\nshift\nexec ip netns exec "$host" sh -c "$*"\n')
+                f.write('#!/bin/sh\nhost="$1"\nshift\nexec ip netns exec "$host" unshare --uts '
+                        'sh -c \'hostname "$0" && eval "$1"\' "$host" "$*" '
+                        '2>>"%s/agent-$host.log"\n' % out)
             os.chmod(wrap, 0o755)
             os.chmod(agent, 0o755)
             hostfile = os.path.join(out, "hosts")
@@ -212,6 +218,15 @@ class NetnsHosts:
                 mpirun_output = (mpirun_output or "") + \
                     f"\nmpirun_netns: timed out after {timeout:g} s; the run was killed\n"
             after = self.counters()
+            for ns in self.names:  # what the daemons' launches printed (errors), if anything
+                try:
+                    with open(os.path.join(out, f"agent-{ns}.log"), errors="replace") as f:
+                        text = f.read()
+                except FileNotFoundError:
+                    continue
+                if text.strip():
+                    mpirun_output += f"\nmpirun_netns: the launch of {ns}'s daemon printed:\n{text}"
+
             hosts = []
             for h in range(self.n_hosts):
                 def read(ext: str) -> str:

@@ -7,7 +7,8 @@ namespaces (mpirun_netns.py), driving mpi_link_check.
 Checks (exit 1 on any failure): every host passes `mpi_link_check messages` (contents of keyed
 messages of 0 B .. 24 MiB + 1 in chunks of 1000003 B, both ways between every pair; a timeout;
 a failure report naming its host); each host's eth0 sent at least the payload bytes it sent to
-the others, so the data crossed the veths. Then (unless --no-bandwidth) 64 MiB from host 0 to
+the others, so the data crossed the veths. A host
+that never ends its link makes host 0 end the job (MPI_Abort) after its 2 s timeout. Then (unless --no-bandwidth) 64 MiB from host 0 to
 host 1 through HostLink and through MPI_Send/MPI_Recv, best of 5 each, printed with their ratio
 (GB/s = 1e9 bytes/s); bandwidth is reported, not asserted. Exits 77 (SKIP) with the reason when
 the machine cannot run the harness (not root, no `ip netns`, no mpirun).
@@ -19,6 +20,7 @@ import argparse
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mpirun_netns  # noqa: E402
@@ -79,6 +81,19 @@ def main() -> int:
                 check(tx >= sent, f"host {h}'s eth0 sent {tx} B, less than the {sent} B of "
                       "payload it sent: the MPI traffic did not cross the veths")
                 print(f"host {h}: payload {sent} B, eth0 tx {tx} B")
+        # A host that never ends its link: host 0 ends the job after its timeout (2 s here).
+        start = time.monotonic()
+        stuck = hosts.mpirun([args.check, "stuck"], dict(env, COCEMU_TIMEOUT_MS="2000"),
+                             timeout=60)
+        took = time.monotonic() - start
+        mpirun_netns.report(stuck)
+        check(stuck.returncode != 0 and not stuck.timed_out,
+              f"stuck: mpirun exit {stuck.returncode}, timed out {stuck.timed_out}; expected "
+              "the job to end with an error")
+        check("waited 2000 ms at the end of the program for the other hosts to reach the end"
+              in stuck.hosts[0].stderr, "stuck: host 0 did not say why it ended the job")
+        check(took < 30, f"stuck: the job took {took:.1f} s to end; expected about 2 s")
+        print(f"stuck: the job ended after {took:.1f} s")
         if not args.no_bandwidth:
             link = run_ok(hosts, [args.check, "bandwidth"], env, timeout=60)
             raw = run_ok(hosts, [args.check, "raw"], env, timeout=60)

@@ -258,7 +258,7 @@ void MpiLink::loop() {
     if (phase == Phase::finishing && receives_open_ == 0) break;
     if (phase != Phase::running && std::chrono::steady_clock::now() > shutdown_deadline_) {
       if (phase == Phase::draining) abort_job(fmt::format("its {} sends to complete", sends_open_));
-      if (phase == Phase::meeting) abort_job("the other hosts to reach the end of the program");
+      if (phase == Phase::meeting) abort_job("the other hosts to reach the end");
       abort_job(fmt::format("its {} receives to complete", receives_open_));
     }
     if (!busy) {

@@ -25,6 +25,7 @@ import argparse
 import filecmp
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -145,9 +146,10 @@ def failures_are_reported(cocemu: str, work: str) -> None:
     result, took = on_hosts(2, cmd, timeout=120)
     check(result.returncode != 0 and not result.timed_out,
           f"a host killed mid-run ends the job ({took:.1f} s, mpirun exit {result.returncode})")
-    said = result.mpirun_output
-    check("rank 1" in said and ("signal 9" in said or "Killed" in said),
-          "mpirun names the killed process: " + " ".join(said.split())[:300])
+    said = " ".join(result.mpirun_output.split())
+    named = re.search(r"Process name: \[\[\d+,\d+\],1\] Exit code: 137", said)
+    check(bool(named), "mpirun names the killed process (MPI rank 1 = host 1, exit 137 = "
+                       "SIGKILL): " + (named.group(0) if named else said[-400:]))
     check(not cocemu_processes(killed), "no cocemu process is left running")
 
 

@@ -91,6 +91,23 @@ std::shared_ptr<HostLink> LoopbackHosts::link(int host) const {
   return ends_.at(std::size_t(host));
 }
 
+void merge_disjoint_parts(HostLink& link, std::span<std::byte> data, const std::string& what) {
+  const std::string key = fmt::format("r{}/parts/{}", link.next_run(), what);
+  const Bytes mine(data.begin(), data.end());
+  for (int h = 0; h < link.n_hosts(); ++h)
+    if (h != link.host()) link.send(h, fmt::format("{}/{}", key, link.host()), mine);
+  for (int h = 0; h < link.n_hosts(); ++h) {
+    if (h == link.host()) continue;
+    const Bytes theirs = link.receive(fmt::format("{}/{}", key, h),
+                                      [&] { return fmt::format("host {}'s part of {}", h, what); });
+    COCEMU_CHECK(theirs.size() == data.size(), Errc::mismatch,
+                 "{}: host {} sent {} bytes of its part, this host has {}", what, h, theirs.size(),
+                 data.size());
+    for (std::size_t i = 0; i < data.size(); ++i)
+      data[i] |= theirs[i];
+  }
+}
+
 // -------------------------------------------------------------------------------------------
 
 namespace detail {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -86,6 +87,12 @@ class LoopbackHosts {
   struct End;
   std::vector<std::shared_ptr<End>> ends_;
 };
+
+/// Combines a buffer that each host filled in part (its own ranks' rows, zero elsewhere) into
+/// the whole on every host: the bytes are OR-ed, so the parts come through bit for bit (a sum
+/// would turn -0.0 into +0.0). Every host calls it at the same point, with the same size; `what`
+/// names it in errors.
+void merge_disjoint_parts(HostLink& link, std::span<std::byte> data, const std::string& what);
 
 /// Which host runs world rank `rank` when `world_size` ranks are spread over `n_hosts` hosts.
 inline int host_of_rank(int rank, int world_size, int n_hosts) {

@@ -36,7 +36,7 @@ TrainOptions eight_ranks(int tp, int dp, int pp) {
 }
 
 /// `train` on `hosts` in-process hosts; each host's result.
-std::vector<TrainResult> train_on_hosts(const TrainOptions& o, int hosts) {
+std::vector<TrainResult> train_on_hosts(const TrainOptions& o, int hosts, bool numerics = true) {
   LoopbackHosts link(hosts);
   std::vector<TrainResult> results(static_cast<std::size_t>(hosts));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(hosts));
@@ -45,6 +45,7 @@ std::vector<TrainResult> train_on_hosts(const TrainOptions& o, int hosts) {
     threads.emplace_back([&, h] {
       WorldOptions w;
       w.hosts = link.link(h);
+      w.numerics = numerics;
       try {
         results[std::size_t(h)] = train(o, w);
       } catch (...) {
@@ -111,6 +112,20 @@ TEST(TrainHosts, SameStepOnOneTwoAndFourHosts) {
                     fmt::format("{} on host {} of {}", c.name, h, hosts));
     }
   }
+}
+
+TEST(TrainHosts, ADryRunOnTwoHostsHasOneHostsTimeline) {
+  TrainOptions o = eight_ranks(2, 2, 2);
+  o.model.hidden = 4096;  // full-size shapes cost nothing without numerics
+  o.model.ffn = 11008;
+  o.model.heads = o.model.kv_heads = 32;
+  o.model.seq = 4096;
+  o.model.vocab = 32000;
+  WorldOptions dry;
+  dry.numerics = false;
+  const TrainResult one = train(o, dry);
+  for (const TrainResult& r : train_on_hosts(o, 2, false))
+    expect_same(one, r, "dry run, 2 hosts");
 }
 
 TEST(TrainHosts, TensorParallelAcrossHostsWithFusedCocIsRefused) {

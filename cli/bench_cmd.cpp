@@ -11,6 +11,7 @@
 #include "cocemu/bench/tune.h"
 #include "cocemu/layers/coc_config.h"
 #include "cocemu/runtime/error.h"
+#include "cocemu/runtime/mpi_link.h"
 #include "cocemu/runtime/profile.h"
 #include "cocemu/runtime/trace.h"
 #include "cocemu/train/config.h"
@@ -100,6 +101,20 @@ void add_bench(CLI::App& app) {
                                                                bench::layer_gemm_keys(c));
       if (!warning.empty()) std::fprintf(stderr, "cocemu bench: %s\n", warning.c_str());
     }
+    // Under mpirun every process is one host: each runs its share of the TP ranks, host 0
+    // reports. A fused kernel's symmetric memory needs its TP group on one host.
+    c.hosts = started_by_mpirun() ? mpi_hosts() : nullptr;
+    if (c.hosts && c.hosts->n_hosts() > 1) {
+      std::erase_if(c.strategies, [&](const bench::BenchStrategy& s) {
+        if (s.options.strategy != layers::Strategy::fused) return false;
+        if (c.hosts->host() == 0)
+          std::fprintf(stderr,
+                       "cocemu bench: %s left out: its kernels read the TP group's memory in "
+                       "place, and the %d TP ranks are on %d hosts\n",
+                       s.name.c_str(), c.tp, c.hosts->n_hosts());
+        return true;
+      });
+    }
     check_estimate(bench::estimate_bench(
                        c, "bench" + (o->model.empty() ? std::string() : " --model " + o->model)),
                    time_budget(o->max_seconds));
@@ -116,6 +131,16 @@ void add_bench(CLI::App& app) {
         return bench::bench_conclusions(bench::run_bench(dry));
       });
     }
+    if (c.hosts && c.hosts->host() != 0) {
+      const int per = c.tp / c.hosts->n_hosts();
+      std::printf("cocemu bench: %s ran ranks %d..%d over %s; host 0 reports\n",
+                  c.hosts->describe().c_str(), c.hosts->host() * per,
+                  c.hosts->host() * per + per - 1, c.hosts->transport().c_str());
+      return;
+    }
+    if (c.hosts)
+      std::printf("# %d hosts over %s; this is host 0 (wall times: its ranks)\n",
+                  c.hosts->n_hosts(), c.hosts->transport().c_str());
     std::fputs(bench::format_report(r, sens ? &*sens : nullptr).c_str(), stdout);
     if (sens) std::fputs(bench::format_sensitivity(*sens).c_str(), stdout);
 

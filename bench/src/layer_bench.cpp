@@ -434,6 +434,7 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
     for (int rep = 0; rep < runs; ++rep) {
       WorldOptions wo;
       wo.n_ranks = c.tp;
+      wo.hosts = c.hosts;
       wo.profile = profile;
       wo.numerics = !c.dry_run;
       wo.deterministic = c.deterministic;
@@ -476,12 +477,24 @@ BenchResult run_bench(const BenchConfig& c, const Progress& progress) {
         segment_walls[s.name].push_back(s.wall_ns);
       if (progress) progress(++done, total, fmt::format("{} run {}/{}", st.name, rep + 1, runs));
     }
+    if (c.hosts) {  // each host knows its own ranks' passes (the others' are zero)
+      merge_disjoint_parts(*c.hosts, std::as_writable_bytes(std::span(passes)),
+                           "bench passes of " + st.name);
+    }
     sr.modeled_ns = sr.run.timeline.makespan_ns() - setup_end(sr.run);
     std::tie(sr.forward_device_ns, sr.backward_device_ns) = device_spans(sr.run, passes);
     if (!c.dry_run) {
-      sr.wall_ns = median(walls);
+      sr.wall_ns = median(walls);  // on several hosts: this host's ranks
       if (result.strategies.empty()) serial_bits = bits;
-      sr.bitwise_equal_serial = bits == serial_bits;
+      sr.bitwise_equal_serial = bits == serial_bits;  // on several hosts: this host's ranks
+      if (c.hosts) {
+        std::vector<std::uint8_t> differs(std::size_t(c.hosts->n_hosts()), 0);
+        differs[std::size_t(c.hosts->host())] = !sr.bitwise_equal_serial;
+        merge_disjoint_parts(*c.hosts, std::as_writable_bytes(std::span(differs)),
+                             "bench bits of " + st.name);
+        sr.bitwise_equal_serial =
+            std::count(differs.begin(), differs.end(), 0) == int(differs.size());
+      }
     }
     std::tie(sr.comm_ns, sr.exposed_comm_ns) = layer_comm(sr.run);
     for (SegmentStats& s : segment_stats(sr.run, 0))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ctest `multihost.train`: `mpirun -n H cocemu train` and `cocemu attention` with MPI process h in
-network namespace h (mpirun_netns.py) give what one host gives.
+"""ctest `multihost.train`: `mpirun -n H cocemu train`, `cocemu attention` and `cocemu bench` with
+MPI process h in network namespace h (mpirun_netns.py) give what one host gives.
 
   test_train_mpirun.py --cocemu build/cli/cocemu
 
@@ -12,6 +12,9 @@ Checks (exit 1 on any failure):
     traffic; each non-reporting host says which ranks it ran;
   - `cocemu attention` (context-parallel ring over 4 ranks) on 1 and 2 hosts: the same modeled
     lines and the same out/lse/dq/dk/dv arrays byte for byte;
+  - `cocemu bench` (TP 8) on 1 and 2 hosts: the same modeled figures and bitwise verdicts for
+    serial and script CoC; fused, whose symmetric memory needs the TP group on one host, is left
+    out with a note;
   - hosts that run different programs (host 1 one iteration more) both fail with a named error
     within the wait timeout, and no cocemu process is left running;
   - a host killed mid-run (SIGKILL) ends the job: mpirun names the process, no cocemu is left.
@@ -120,6 +123,32 @@ def compare_attention(cocemu: str, work: str) -> None:
     print(f"        attention: 1 host {t1:.2f} s, 2 hosts {t2:.2f} s wall")
 
 
+def compare_bench(cocemu: str, work: str) -> None:
+    base = [cocemu, "bench", "--no-progress", "--repeats", "1"]
+    d1, d2 = os.path.join(work, "bench-1"), os.path.join(work, "bench-2")
+    single, t1 = one_host([*base, "--out-dir", d1])
+    check(single.returncode == 0, f"bench on 1 host exits 0 ({single.stderr[-300:]})")
+    result, t2 = on_hosts(2, [*base, "--out-dir", d2])
+    if result.returncode != 0:
+        mpirun_netns.report(result)
+    check(result.returncode == 0, "bench on 2 hosts exits 0")
+    if single.returncode or result.returncode:
+        return
+    check("fused left out" in result.hosts[0].stderr,
+          "bench on 2 hosts says why fused is left out (TP 8 across hosts)")
+    one = {s["name"]: s for s in json.load(open(os.path.join(d1, "bench.json")))["strategies"]}
+    two = json.load(open(os.path.join(d2, "bench.json")))["strategies"]
+    check([s["name"] for s in two] == ["serial", "script P=2", "script P=4", "script P=8"],
+          f"bench on 2 hosts runs serial and script ({[s['name'] for s in two]})")
+    for s in two:
+        want = {k: v for k, v in one[s["name"]].items() if k != "wall_ns"}
+        got = {k: v for k, v in s.items() if k != "wall_ns"}
+        check(want == got and got["bitwise_equal_serial"] is True,
+              f"bench {s['name']} on 2 hosts: modeled {got['modeled_ns']} ns, the same figures and "
+              "bits as on 1 host")
+    print(f"        bench: 1 host {t1:.2f} s, 2 hosts {t2:.2f} s wall")
+
+
 def failures_are_reported(cocemu: str, work: str) -> None:
     marker = os.path.join(work, "diverge")
     # Host 1 runs one iteration more: its ranks wait for host 0's, which have finished.
@@ -171,6 +200,7 @@ def main() -> int:
         compare_train(cocemu, work, "tp2-dp2-pp2-4hosts", ["--tensor-model-parallel-size", "2",
                       "--pipeline-model-parallel-size", "2", "--data-parallel-size", "2"], 4)
         compare_attention(cocemu, work)
+        compare_bench(cocemu, work)
         failures_are_reported(cocemu, work)
     if failures:
         print(f"{len(failures)} check(s) failed")

@@ -42,6 +42,9 @@ struct BenchConfig {
   /// rank-ordered collective plans are also what gets priced.
   bool deterministic = true;
   std::vector<BenchStrategy> strategies = default_strategies();
+  /// Several hosts (runtime/hosts.h, `mpirun -n H cocemu bench`): this process runs its share
+  /// of the TP ranks; every host gets the whole result. Null: one host.
+  std::shared_ptr<HostLink> hosts;
 };
 
 /// The default: a LLaMA-style layer (SwiGLU, GQA) at TP=8, bf16, sized so that every strategy's

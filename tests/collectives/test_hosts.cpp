@@ -22,25 +22,11 @@ std::vector<RunResult> run_on_hosts(int hosts, const std::function<void(Rank&)>&
   options.n_ranks = kRanks;
   options.timeout = std::chrono::milliseconds(20000);
   if (hosts == 1) return {run(options, fn)};
-  LoopbackHosts link(hosts);
-  std::vector<RunResult> results(static_cast<std::size_t>(hosts));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(hosts));
-  std::vector<std::thread> threads;
-  for (int h = 0; h < hosts; ++h)
-    threads.emplace_back([&, h] {
-      WorldOptions o = options;
-      o.hosts = link.link(h);
-      try {
-        results[std::size_t(h)] = run(o, fn);
-      } catch (...) {
-        errors[std::size_t(h)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return results;
+  return testing::on_loopback_hosts<RunResult>(hosts, [&](std::shared_ptr<HostLink> link) {
+    WorldOptions o = options;
+    o.hosts = std::move(link);
+    return run(o, fn);
+  });
 }
 
 Tensor filled(std::int64_t n, int rank, int salt) {
@@ -157,24 +143,17 @@ TEST(Hosts, SameBitsAndTimelineOnOneTwoAndFourHosts) {
 
 /// Runs `fn` on 2 in-process hosts that are expected to fail; each host's error message.
 std::vector<std::string> failures_on_two_hosts(const std::function<void(Rank&)>& fn) {
-  LoopbackHosts link(2);
-  std::vector<std::string> messages(2);
-  std::vector<std::thread> threads;
-  for (int h = 0; h < 2; ++h)
-    threads.emplace_back([&, h] {
-      WorldOptions o;
-      o.n_ranks = kRanks;
-      o.hosts = link.link(h);
-      try {
-        run(o, fn);
-        messages[std::size_t(h)] = "(no error)";
-      } catch (const Error& e) {
-        messages[std::size_t(h)] = e.what();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  return messages;
+  return testing::on_loopback_hosts<std::string>(2, [&](std::shared_ptr<HostLink> link) {
+    WorldOptions o;
+    o.n_ranks = kRanks;
+    o.hosts = std::move(link);
+    try {
+      run(o, fn);
+      return std::string("(no error)");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
 }
 
 TEST(Hosts, ARankThatFailsIsReportedOnTheOtherHost) {

@@ -61,6 +61,24 @@ def on_hosts(n: int, cmd: list[str], env: dict[str, str] | None = None,
     return r, time.monotonic() - t0
 
 
+def both(name: str, base: list[str], work: str, hosts: int):
+    """Runs `base --out-dir DIR` on 1 host and on `hosts`; (1-host run, its dir, its wall time,
+    the hosts' result, their dir, their wall time), or None after a failure (reported)."""
+    slug = name.replace(" ", "-")
+    d1, dn = os.path.join(work, f"{slug}-1"), os.path.join(work, f"{slug}-{hosts}")
+    os.makedirs(d1)
+    os.makedirs(dn)
+    single, t1 = one_host([*base, "--out-dir", d1])
+    check(single.returncode == 0, f"{name} on 1 host exits 0 ({single.stderr[-300:]})")
+    result, tn = on_hosts(hosts, [*base, "--out-dir", dn])
+    if result.returncode != 0:
+        mpirun_netns.report(result)
+    check(result.returncode == 0, f"{name} on {hosts} hosts exits 0")
+    if single.returncode or result.returncode:
+        return None
+    return single, d1, t1, result, dn, tn
+
+
 def cocemu_processes(marker: str) -> list[str]:
     p = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
     return [line for line in p.stdout.splitlines() if "pgrep" not in line]
@@ -68,15 +86,10 @@ def cocemu_processes(marker: str) -> list[str]:
 
 def compare_train(cocemu: str, work: str, name: str, layout: list[str], hosts: int) -> None:
     base = [cocemu, "train", "--dtype", "f32", "--iterations", "2", *layout]
-    d1, dn = os.path.join(work, f"{name}-1"), os.path.join(work, f"{name}-{hosts}")
-    single, t1 = one_host([*base, "--out-dir", d1])
-    check(single.returncode == 0, f"train {name} on 1 host exits 0 ({single.stderr[-300:]})")
-    result, tn = on_hosts(hosts, [*base, "--out-dir", dn])
-    if result.returncode != 0:
-        mpirun_netns.report(result)
-    check(result.returncode == 0, f"train {name} on {hosts} hosts exits 0")
-    if single.returncode or result.returncode:
+    ran = both(f"train {name}", base, work, hosts)
+    if not ran:
         return
+    single, d1, t1, result, dn, tn = ran
     a = json.load(open(os.path.join(d1, "train.json")))
     b = json.load(open(os.path.join(dn, "train.json")))
     same_trace = filecmp.cmp(os.path.join(d1, "train.trace.json"),
@@ -102,17 +115,10 @@ def compare_train(cocemu: str, work: str, name: str, layout: list[str], hosts: i
 def compare_attention(cocemu: str, work: str) -> None:
     base = [cocemu, "attention", "--cp", "4", "--seq", "256", "--heads", "4", "--head-dim", "32",
             "--dtype", "f32", "--mask", "causal"]
-    d1, d2 = os.path.join(work, "attn-1"), os.path.join(work, "attn-2")
-    os.makedirs(d1)
-    os.makedirs(d2)
-    single, t1 = one_host([*base, "--out-dir", d1])
-    check(single.returncode == 0, f"attention on 1 host exits 0 ({single.stderr[-300:]})")
-    result, t2 = on_hosts(2, [*base, "--out-dir", d2])
-    if result.returncode != 0:
-        mpirun_netns.report(result)
-    check(result.returncode == 0, "attention on 2 hosts exits 0")
-    if single.returncode or result.returncode:
+    ran = both("attention", base, work, 2)
+    if not ran:
         return
+    single, d1, t1, result, d2, t2 = ran
     modeled = lambda text: [l for l in text.splitlines() if l.startswith(("modeled", "rank 0"))]
     check(modeled(single.stdout) and modeled(single.stdout) == modeled(result.hosts[0].stdout),
           "attention: the modeled lines on 2 hosts are 1 host's:\n        " +
@@ -125,15 +131,10 @@ def compare_attention(cocemu: str, work: str) -> None:
 
 def compare_bench(cocemu: str, work: str) -> None:
     base = [cocemu, "bench", "--no-progress", "--repeats", "1"]
-    d1, d2 = os.path.join(work, "bench-1"), os.path.join(work, "bench-2")
-    single, t1 = one_host([*base, "--out-dir", d1])
-    check(single.returncode == 0, f"bench on 1 host exits 0 ({single.stderr[-300:]})")
-    result, t2 = on_hosts(2, [*base, "--out-dir", d2])
-    if result.returncode != 0:
-        mpirun_netns.report(result)
-    check(result.returncode == 0, "bench on 2 hosts exits 0")
-    if single.returncode or result.returncode:
+    ran = both("bench", base, work, 2)
+    if not ran:
         return
+    single, d1, t1, result, d2, t2 = ran
     check("fused left out" in result.hosts[0].stderr,
           "bench on 2 hosts says why fused is left out (TP 8 across hosts)")
     one = {s["name"]: s for s in json.load(open(os.path.join(d1, "bench.json")))["strategies"]}

@@ -7,11 +7,37 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cocemu/runtime/error.h"
 #include "cocemu/runtime/world.h"
 
 namespace cocemu::testing {
+
+/// Runs `fn(link)` once per host of `hosts` in-process hosts (LoopbackHosts), each on a thread of
+/// its own as a host's process would, and returns each host's result; after all have ended it
+/// rethrows the first host's failure.
+template <class R>
+std::vector<R> on_loopback_hosts(int hosts, const std::function<R(std::shared_ptr<HostLink>)>& fn) {
+  LoopbackHosts link(hosts);
+  std::vector<R> results(static_cast<std::size_t>(hosts));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(hosts));
+  std::vector<std::thread> threads;
+  for (int h = 0; h < hosts; ++h)
+    threads.emplace_back([&, h] {
+      try {
+        results[std::size_t(h)] = fn(link.link(h));
+      } catch (...) {
+        errors[std::size_t(h)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
 
 /// A short wait timeout for a test that expects one: `ms`, or 10 × `ms` under ThreadSanitizer,
 /// where starting a world's threads on a loaded 2-core machine can take longer than `ms` itself

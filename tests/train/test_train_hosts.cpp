@@ -11,6 +11,7 @@
 
 #include "cocemu/runtime/error.h"
 #include "cocemu/train/trainer.h"
+#include "testing.h"
 
 namespace cocemu::layers::train {
 namespace {
@@ -37,26 +38,12 @@ TrainOptions eight_ranks(int tp, int dp, int pp) {
 
 /// `train` on `hosts` in-process hosts; each host's result.
 std::vector<TrainResult> train_on_hosts(const TrainOptions& o, int hosts, bool numerics = true) {
-  LoopbackHosts link(hosts);
-  std::vector<TrainResult> results(static_cast<std::size_t>(hosts));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(hosts));
-  std::vector<std::thread> threads;
-  for (int h = 0; h < hosts; ++h)
-    threads.emplace_back([&, h] {
-      WorldOptions w;
-      w.hosts = link.link(h);
-      w.numerics = numerics;
-      try {
-        results[std::size_t(h)] = train(o, w);
-      } catch (...) {
-        errors[std::size_t(h)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return results;
+  return testing::on_loopback_hosts<TrainResult>(hosts, [&](std::shared_ptr<HostLink> link) {
+    WorldOptions w;
+    w.hosts = std::move(link);
+    w.numerics = numerics;
+    return train(o, w);
+  });
 }
 
 void expect_same(const TrainResult& want, const TrainResult& got, const std::string& what) {

@@ -111,6 +111,50 @@ void merge_disjoint_parts(HostLink& link, std::span<std::byte> data, const std::
 // -------------------------------------------------------------------------------------------
 
 namespace detail {
+
+namespace {
+constexpr std::size_t kCachedFrom = std::size_t(1) << 20;
+struct BufferCache {
+  std::mutex mu;
+  std::unordered_multimap<std::size_t, void*> free;  // by size
+  std::size_t bytes = 0;
+};
+BufferCache& buffer_cache() {
+  static BufferCache* cache = new BufferCache;  // outlives every static that frees a buffer
+  return *cache;
+}
+}  // namespace
+
+void* allocate_buffer(std::size_t bytes) {
+  if (bytes >= kCachedFrom) {
+    BufferCache& c = buffer_cache();
+    std::lock_guard lock(c.mu);
+    if (auto it = c.free.find(bytes); it != c.free.end()) {
+      void* p = it->second;
+      c.free.erase(it);
+      c.bytes -= bytes;
+      return p;
+    }
+  }
+  return ::operator new(bytes);
+}
+
+void free_buffer(void* p, std::size_t bytes) noexcept {
+  if (bytes >= kCachedFrom) {
+    BufferCache& c = buffer_cache();
+    std::lock_guard lock(c.mu);
+    if (c.bytes + bytes <= kCachedBufferBytes) {
+      try {
+        c.free.emplace(bytes, p);
+        c.bytes += bytes;
+        return;
+      } catch (const std::bad_alloc&) {  // no room to remember it: free it
+      }
+    }
+  }
+  ::operator delete(p);
+}
+
 ByteWriter& ByteWriter::put_bytes(const void* data, std::size_t n) {
   const auto* p = static_cast<const std::byte*>(data);
   out_.insert(out_.end(), p, p + n);

@@ -411,8 +411,8 @@ void run_one(const AttnOpts& o, const Request& r) {
     };
     merge(boundary.data(), boundary.size() * sizeof(std::uint32_t), "attention boundaries");
     if (numerics)
-      for (auto [t, name] : {std::pair{&out, "out"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"},
-                             {&lse, "lse"}})
+      for (auto [t, name] :
+           {std::pair{&out, "out"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&lse, "lse"}})
         merge(t->raw(), t->nbytes(), name);
     if (link->host() != 0) {
       std::printf("cocemu attention: %s ran ranks %d..%d over %s; host 0 reports\n",
@@ -420,8 +420,7 @@ void run_one(const AttnOpts& o, const Request& r) {
                   (link->host() + 1) * (o.cp / link->n_hosts()) - 1, link->transport().c_str());
       return;
     }
-    std::printf("# %d hosts over %s; this is host 0\n", link->n_hosts(),
-                link->transport().c_str());
+    std::printf("# %d hosts over %s; this is host 0\n", link->n_hosts(), link->transport().c_str());
   }
   // Modeled report. The ranks of a causal ring run different blocks (the first gets later
   // ranks' blocks cut to half their queries), so each pass is reported from the rank that ends

@@ -183,8 +183,8 @@ void exchange_across_hosts(Group& parent, std::uint64_t k, SplitExchange& ex) {
   for (int j = 0; j < gs.size(); ++j) {
     if (world.is_local(gs.ranks[std::size_t(j)])) continue;
     const Bytes theirs = link.receive(key_of(j), [&] {
-      return fmt::format("group rank {} (world rank {}, host {}) to call split #{} of group {}", j,
-                         gs.ranks[std::size_t(j)], world.host_of(gs.ranks[std::size_t(j)]), k,
+      return fmt::format("group rank {} (world rank {} on host {}) to call split #{} of group {}",
+                         j, gs.ranks[std::size_t(j)], world.host_of(gs.ranks[std::size_t(j)]), k,
                          gs.name);
     });
     detail::ByteReader r(theirs, fmt::format("split #{} of group {}", k, gs.name));

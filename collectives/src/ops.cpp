@@ -779,15 +779,18 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
       const std::uint64_t idx = m.received_from[std::size_t(p.op.peer)]++;
       keep.owner().note_activity(
           fmt::format("recv #{} from group rank {} on group {}", idx, p.op.peer, gs.name));
+      World& world = keep.owner().world();
+      const int peer = gs.ranks[std::size_t(p.op.peer)];
       const auto awaited = [&] {
         return fmt::format(
-            "send #{} from group rank {} (world rank {}) to group rank {} on "
+            "send #{} from group rank {} (world rank {}{}) to group rank {} on "
             "group {} (matching recv of {} {})",
-            idx, p.op.peer, gs.ranks[std::size_t(p.op.peer)], me, gs.name, p.op.tensor.describe(),
-            p.op.tag ? fmt::format("tag {}", p.op.tag) : "");
+            idx, p.op.peer, peer,
+            world.hosts() ? fmt::format(" on host {}", world.host_of(peer)) : "", me, gs.name,
+            p.op.tensor.describe(), p.op.tag ? fmt::format("tag {}", p.op.tag) : "");
       };
       detail::Message msg;
-      if (World& world = keep.owner().world(); !world.is_local(gs.ranks[std::size_t(p.op.peer)])) {
+      if (!world.is_local(peer)) {
         const Bytes data = world.hosts()->receive(p2p_key(world, gs, p.op.peer, me, idx), awaited);
         msg = decode(data, gs, p.op.peer, idx);
       } else {

@@ -222,7 +222,7 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
   }
   for (auto& t : threads)
     t.join();
-  if (auto e = world.first_error()) {
+  if (world.first_error()) {
     try {
       rethrow_failure(world);
     } catch (const Error& err) {
@@ -233,10 +233,17 @@ RunResult run(const WorldOptions& options, const std::function<void(Rank&)>& fn)
   RunResult result;
   result.profile = world.options().profile;
   result.numerics = world.options().numerics;
-  if (world.hosts()) {
+  if (HostLink* link = world.hosts()) {
     // The other hosts' ranks recorded their ops there: one graph, one timeline on every host.
+    // A host that gives up waiting for them says so to the others, whose ranks may be waiting
+    // for this host's in a call it never makes.
     ScopedWaitScope scope({.timeout = world.options().timeout});
-    detail::exchange_graphs(world);
+    try {
+      detail::exchange_graphs(world);
+    } catch (const Error& err) {
+      link->report_failure(err.message());
+      throw;
+    }
   }
   result.wall_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)

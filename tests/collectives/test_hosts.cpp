@@ -142,11 +142,14 @@ TEST(Hosts, SameBitsAndTimelineOnOneTwoAndFourHosts) {
 }
 
 /// Runs `fn` on 2 in-process hosts that are expected to fail; each host's error message.
-std::vector<std::string> failures_on_two_hosts(const std::function<void(Rank&)>& fn) {
+std::vector<std::string> failures_on_two_hosts(
+    const std::function<void(Rank&)>& fn,
+    std::chrono::milliseconds timeout = WorldOptions{}.timeout) {
   return testing::on_loopback_hosts<std::string>(2, [&](std::shared_ptr<HostLink> link) {
     WorldOptions o;
     o.n_ranks = kRanks;
     o.hosts = std::move(link);
+    o.timeout = timeout;
     try {
       run(o, fn);
       return std::string("(no error)");
@@ -170,6 +173,26 @@ TEST(Hosts, ARankThatFailsIsReportedOnTheOtherHost) {
   EXPECT_NE(messages[0].find("rank six gives up"), std::string::npos) << messages[0];
   // Reported, not waited out: well within the 60 s wait timeout.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+}
+
+TEST(Hosts, HostsThatRunDifferentProgramsNameEachOther) {
+  // Host 1's ranks make one call more; host 0's have finished and wait for host 1's recorded ops.
+  // Whichever wait ends first, its host tells the other, so each error names the other host.
+  const auto messages = failures_on_two_hosts(
+      [](Rank& rank) {
+        Group world = Group::world(rank);
+        Tensor t = Tensor::zeros({16}, DType::f32);
+        all_reduce(world, t);
+        if (rank.id() >= 4) all_reduce(world, t);
+        rank.synchronize();
+      },
+      testing::short_timeout(std::chrono::milliseconds(1000)));
+  const bool zero_names_one = messages[0].find("host 1 failed") != std::string::npos ||
+                              messages[0].find("recorded ops of host 1") != std::string::npos;
+  const bool one_names_zero = messages[1].find("host 0 failed") != std::string::npos ||
+                              messages[1].find("on host 0") != std::string::npos;
+  EXPECT_TRUE(zero_names_one) << messages[0];
+  EXPECT_TRUE(one_names_zero) << messages[1];
 }
 
 TEST(Hosts, CallsThatDisagreeAcrossHostsAreAMismatch) {

@@ -1,7 +1,10 @@
 // Collective calls on a group whose members live on several hosts (cross_host.h).
 #include "cross_host.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "cocemu/runtime/error.h"
@@ -60,6 +63,20 @@ void publish_remote(GroupState& gs, int j, std::uint64_t seq, HostCall& call, By
   slot.seq.store(seq, std::memory_order_release);
 }
 
+/// "world ranks 1 and 3 on host 0, world rank 5 on host 2": the members the call waits for.
+std::string remote_members(const World& world, const GroupState& gs) {
+  std::map<int, std::vector<int>> by_host;
+  for (const int r : gs.ranks)
+    if (world.host_of(r) != world.hosts()->host()) by_host[world.host_of(r)].push_back(r);
+  std::string out;
+  for (const auto& [h, ranks] : by_host) {
+    if (!out.empty()) out += ", ";
+    out += fmt::format("world rank{} {} on host {}", ranks.size() == 1 ? "" : "s",
+                       fmt::join(ranks, ranks.size() == 2 ? " and " : ", "), h);
+  }
+  return out;
+}
+
 }  // namespace
 
 bool spans_hosts(const World& world, const std::vector<int>& ranks) {
@@ -88,8 +105,10 @@ void run_cross_host(World& world, GroupState& gs, int me, std::uint64_t seq,
   const std::shared_ptr<HostCall> call = host_call(gs, seq);
   if (call->arrived.add(1) != std::uint32_t(local)) {
     call->done.wait_geq(1, [&] {
-      return fmt::format("the member of group {} on this host that joins {} last to run it",
-                         gs.name, describe(mine.sig, seq));
+      return fmt::format(
+          "the member of group {} on this host that joins {} last to run it "
+          "with {}",
+          gs.name, describe(mine.sig, seq), remote_members(world, gs));
     });
     return;
   }
@@ -98,7 +117,7 @@ void run_cross_host(World& world, GroupState& gs, int me, std::uint64_t seq,
     const int w = gs.ranks[std::size_t(j)];
     if (world.host_of(w) == here) continue;
     Bytes theirs = link.receive(call_key(world, gs, seq, j), [&] {
-      return fmt::format("group rank {} (world rank {}, host {}) to join {} on group {}", j, w,
+      return fmt::format("group rank {} (world rank {} on host {}) to join {} on group {}", j, w,
                          world.host_of(w), describe(mine.sig, seq), gs.name);
     });
     publish_remote(gs, j, seq, *call, std::move(theirs), scratch_bytes);

@@ -6,9 +6,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cocemu/collectives/plan.h"
+#include "cocemu/runtime/hosts.h"
 #include "cocemu/runtime/sync.h"
 #include "cocemu/runtime/world.h"
 
@@ -50,17 +52,29 @@ struct CallSlot {
 };
 
 struct Message {
-  std::vector<std::byte> data;
+  Bytes data;  ///< a buffer of the message cache: a repeated send lands in pages already touched
   DType dtype = DType::f32;
   std::int64_t count = 0;
   int tag = 0;
   std::uint64_t index = 0;
+  bool delivered = false;  ///< copied straight into the posted receive: `data` is empty
+};
+
+/// A receive waiting for its message: a send that matches it copies into `dst` directly, under
+/// the mailbox's lock, so a receive that gives up and withdraws it never races the copy.
+struct PostedRecv {
+  std::uint64_t index = 0;
+  std::byte* dst = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t count = 0;
+  int tag = 0;
 };
 
 /// An ordered channel src -> dst for point-to-point messages.
 struct Mailbox {
   std::mutex mu;
   std::deque<Message> queue;
+  std::optional<PostedRecv> waiting;  ///< the receive of the next message, posted before it
   Counter posted;
 };
 

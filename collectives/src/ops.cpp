@@ -675,7 +675,7 @@ detail::Message decode(const Bytes& data, const GroupState& gs, int src, std::ui
   m.count = r.get<std::int64_t>();
   m.tag = r.get<int>();
   m.index = r.get<std::uint64_t>();
-  m.data = r.get_vector<std::byte>();
+  m.data = r.get_vector<std::byte, detail::BufferAllocator<std::byte>>();
   return m;
 }
 }  // namespace
@@ -751,22 +751,38 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
   comm.launch(std::move(spec), [keep, me, planned = std::move(planned)] {
     GroupState& gs = keep.state();
     detail::Member& m = gs.members[std::size_t(me)];
-    for (const Planned& p : planned) {  // sends are eager: copy out and post
+    // Sends are eager: into the receive its peer has posted, else copied out and queued.
+    for (const Planned& p : planned) {
       if (p.op.kind != P2POp::send) continue;
       detail::Message msg;
-      msg.data.resize(p.op.tensor.nbytes());
-      if (!msg.data.empty()) std::memcpy(msg.data.data(), p.op.tensor.raw(), msg.data.size());
       msg.dtype = p.op.tensor.dtype();
       msg.count = p.op.tensor.numel();
       msg.tag = p.op.tag;
       msg.index = p.index;
+      const std::size_t n = p.op.tensor.nbytes();
       const int peer_world = gs.ranks[std::size_t(p.op.peer)];
       if (World& world = keep.owner().world(); !world.is_local(peer_world)) {
+        msg.data.resize(n);
+        if (n) std::memcpy(msg.data.data(), p.op.tensor.raw(), n);
         world.hosts()->send(world.host_of(peer_world), p2p_key(world, gs, me, p.op.peer, p.index),
                             encode(msg));
         continue;
       }
       detail::Mailbox& mb = gs.mailbox(me, p.op.peer);
+      {
+        std::lock_guard lock(mb.mu);
+        const std::optional<detail::PostedRecv>& w = mb.waiting;
+        if (w && w->index == p.index && w->dtype == msg.dtype && w->count == msg.count &&
+            w->tag == msg.tag) {
+          if (n) std::memmove(w->dst, p.op.tensor.raw(), n);  // a send to itself may alias
+          msg.delivered = true;
+          mb.waiting.reset();
+        }
+      }
+      if (!msg.delivered) {
+        msg.data.resize(n);
+        if (n) std::memcpy(msg.data.data(), p.op.tensor.raw(), n);
+      }
       {
         std::lock_guard lock(mb.mu);
         mb.queue.push_back(std::move(msg));
@@ -794,8 +810,24 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
         const Bytes data = world.hosts()->receive(p2p_key(world, gs, p.op.peer, me, idx), awaited);
         msg = decode(data, gs, p.op.peer, idx);
       } else {
-        mb.posted.wait_geq(std::uint32_t(idx + 1), awaited);
+        {
+          std::lock_guard lock(mb.mu);
+          if (mb.queue.empty())  // its message is not sent yet: the send may copy straight in
+            mb.waiting = detail::PostedRecv{idx, static_cast<std::byte*>(p.op.tensor.raw()),
+                                            p.op.tensor.dtype(), p.op.tensor.numel(), p.op.tag};
+        }
+        const auto withdraw = [&] {
+          if (mb.waiting && mb.waiting->index == idx) mb.waiting.reset();
+        };
+        try {
+          mb.posted.wait_geq(std::uint32_t(idx + 1), awaited);
+        } catch (...) {
+          std::lock_guard lock(mb.mu);
+          withdraw();
+          throw;
+        }
         std::lock_guard lock(mb.mu);
+        withdraw();
         msg = std::move(mb.queue.front());
         mb.queue.pop_front();
       }
@@ -806,7 +838,8 @@ Work batch_isend_irecv(Group& g, const std::vector<P2POp>& ops) {
                    "{} with tag {}, but that send carries {} elements of {} with tag {}",
                    gs.name, me, idx, p.op.peer, p.op.tensor.describe(), p.op.tag, msg.count,
                    name_of(msg.dtype), msg.tag);
-      if (!msg.data.empty()) std::memcpy(p.op.tensor.raw(), msg.data.data(), msg.data.size());
+      if (!msg.delivered && !msg.data.empty())
+        std::memcpy(p.op.tensor.raw(), msg.data.data(), msg.data.size());
     }
   });
   return Work(&rank, comm.record());

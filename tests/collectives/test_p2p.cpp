@@ -1,6 +1,10 @@
 // Point-to-point transfers: send/recv, isend/irecv and batches, with matching checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "cocemu/collectives/ops.h"
 #include "testing.h"
 
@@ -66,6 +70,54 @@ TEST(P2P, MismatchedRecvIsAClearError) {
             send(g, Tensor::zeros({8}, DType::f32), 1, 0);
           else
             irecv(g, Tensor::zeros({4}, DType::f32), 0, 0).synchronize();
+        });
+      },
+      Errc::mismatch, {"p2p mismatch", "f32[4]", "8 elements of f32"});
+}
+
+// A send whose receive is already waiting copies into it; one that comes first is copied out
+// and queued. Either way the receive gets what the tensor held when the send ran, and the
+// sender may overwrite its tensor once the send has run.
+TEST(P2P, SameBytesWhetherTheReceiveOrTheSendComesFirst) {
+  for (const bool receive_first : {true, false}) {
+    SCOPED_TRACE(receive_first ? "receive first" : "send first");
+    run_ranks(2, [receive_first](Rank& rank) {
+      Group g = Group::world(rank);
+      constexpr int kElements = 1 << 18;  // 1 MiB: a cached message buffer when queued
+      Tensor t = Tensor::zeros({kElements}, DType::f32);
+      for (int m = 0; m < 3; ++m) {
+        if (rank.id() == 0) {
+          if (receive_first) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          for (int i = 0; i < kElements; ++i)
+            t.data<float>()[i] = float(m * kElements + i);
+          send(g, t, 1, m);
+          rank.synchronize();
+          std::fill_n(t.data<float>(), kElements, -1.0f);  // the send has run: its message is out
+        } else {
+          if (!receive_first) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          recv(g, t, 0, m);
+          rank.synchronize();
+          for (int i = 0; i < kElements; i += 4099)
+            ASSERT_EQ(t.data<float>()[i], float(m * kElements + i)) << "message " << m;
+          ASSERT_EQ(t.data<float>()[kElements - 1], float(m * kElements + kElements - 1));
+        }
+      }
+    });
+  }
+}
+
+TEST(P2P, AMismatchedSendIsAnErrorWhenItsReceiveWaitsFirst) {
+  expect_error(
+      [] {
+        run_ranks(2, [](Rank& rank) {
+          Group g = Group::world(rank);
+          if (rank.id() == 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            send(g, Tensor::zeros({8}, DType::f32), 1, 0);
+          } else {
+            Tensor got = Tensor::zeros({4}, DType::f32);
+            irecv(g, got, 0, 0).synchronize();
+          }
         });
       },
       Errc::mismatch, {"p2p mismatch", "f32[4]", "8 elements of f32"});

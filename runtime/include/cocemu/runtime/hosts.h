@@ -146,8 +146,8 @@ class ByteWriter {
   }
   ByteWriter& put_bytes(const void* data, std::size_t n);
   ByteWriter& put_string(std::string_view s);
-  template <class T>
-  ByteWriter& put_vector(const std::vector<T>& v) {
+  template <class T, class A>
+  ByteWriter& put_vector(const std::vector<T, A>& v) {
     put<std::uint64_t>(v.size());
     return put_bytes(v.data(), v.size() * sizeof(T));
   }
@@ -174,10 +174,10 @@ class ByteReader {
   }
   const std::byte* take(std::size_t n);
   std::string get_string();
-  template <class T>
-  std::vector<T> get_vector() {
+  template <class T, class A = std::allocator<T>>
+  std::vector<T, A> get_vector() {
     const auto n = get<std::uint64_t>();
-    std::vector<T> v(n);
+    std::vector<T, A> v(n);
     if (n) std::memcpy(v.data(), take(n * sizeof(T)), n * sizeof(T));
     return v;
   }

@@ -79,29 +79,26 @@ void exchange_graphs(World& world) {
     for (const OpRecord& op : g.ops)
       put_record(w, op);
   }
-  const Bytes message = w.take();
-  for (int h = 0; h < link.n_hosts(); ++h)
-    if (h != link.host())
-      link.send(h, world.host_key(fmt::format("graph/{}", link.host())), message);
   const int per_host = world.size() / link.n_hosts();
-  for (int h = 0; h < link.n_hosts(); ++h) {
-    if (h == link.host()) continue;
-    const Bytes theirs = link.receive(world.host_key(fmt::format("graph/{}", h)), [&] {
-      return fmt::format("the recorded ops of host {} (ranks {}..{}) at the end of the run", h,
-                         h * per_host, (h + 1) * per_host - 1);
-    });
-    ByteReader r(theirs, fmt::format("graph of host {}", h));
-    for (int rank = h * per_host; rank < (h + 1) * per_host; ++rank) {
-      RankGraph& g = graph.ranks[std::size_t(rank)];
-      g.lane_names.clear();
-      const auto n_lanes = r.get<std::uint64_t>();
-      for (std::uint64_t i = 0; i < n_lanes; ++i)
-        g.lane_names.push_back(r.get_string());
-      const auto n_ops = r.get<std::uint64_t>();
-      for (std::uint64_t i = 0; i < n_ops; ++i)
-        g.ops.emplace_back(get_record(r));
-    }
-  }
+  link.exchange(
+      world.host_key("graph"), w.take(),
+      [&](int h) {
+        return fmt::format("the recorded ops of host {} (ranks {}..{}) at the end of the run", h,
+                           h * per_host, (h + 1) * per_host - 1);
+      },
+      [&](int h, const Bytes& theirs) {
+        ByteReader r(theirs, fmt::format("graph of host {}", h));
+        for (int rank = h * per_host; rank < (h + 1) * per_host; ++rank) {
+          RankGraph& g = graph.ranks[std::size_t(rank)];
+          g.lane_names.clear();
+          const auto n_lanes = r.get<std::uint64_t>();
+          for (std::uint64_t i = 0; i < n_lanes; ++i)
+            g.lane_names.push_back(r.get_string());
+          const auto n_ops = r.get<std::uint64_t>();
+          for (std::uint64_t i = 0; i < n_ops; ++i)
+            g.ops.emplace_back(get_record(r));
+        }
+      });
 }
 
 }  // namespace cocemu::detail

@@ -34,6 +34,15 @@ Bytes HostLink::receive(const std::string& key, const std::function<std::string(
   }
 }
 
+void HostLink::exchange(const std::string& key, const Bytes& mine,
+                        const std::function<std::string(int)>& what,
+                        const std::function<void(int, const Bytes&)>& take) {
+  for (int h = 0; h < n_hosts_; ++h)
+    if (h != host_) send(h, fmt::format("{}/{}", key, host_), mine);
+  for (int h = 0; h < n_hosts_; ++h)
+    if (h != host_) take(h, receive(fmt::format("{}/{}", key, h), [&] { return what(h); }));
+}
+
 void HostLink::on_failure(std::function<void(int, const std::string&)> f) {
   std::lock_guard lock(notify_mu_);  // a call in progress ends before its target goes away
   on_failure_ = std::move(f);
@@ -92,20 +101,16 @@ std::shared_ptr<HostLink> LoopbackHosts::link(int host) const {
 }
 
 void merge_disjoint_parts(HostLink& link, std::span<std::byte> data, const std::string& what) {
-  const std::string key = fmt::format("r{}/parts/{}", link.next_run(), what);
-  const Bytes mine(data.begin(), data.end());
-  for (int h = 0; h < link.n_hosts(); ++h)
-    if (h != link.host()) link.send(h, fmt::format("{}/{}", key, link.host()), mine);
-  for (int h = 0; h < link.n_hosts(); ++h) {
-    if (h == link.host()) continue;
-    const Bytes theirs = link.receive(fmt::format("{}/{}", key, h),
-                                      [&] { return fmt::format("host {}'s part of {}", h, what); });
-    COCEMU_CHECK(theirs.size() == data.size(), Errc::mismatch,
-                 "{}: host {} sent {} bytes of its part, this host has {}", what, h, theirs.size(),
-                 data.size());
-    for (std::size_t i = 0; i < data.size(); ++i)
-      data[i] |= theirs[i];
-  }
+  link.exchange(
+      fmt::format("r{}/parts/{}", link.next_run(), what), Bytes(data.begin(), data.end()),
+      [&](int h) { return fmt::format("host {}'s part of {}", h, what); },
+      [&](int h, const Bytes& theirs) {
+        COCEMU_CHECK(theirs.size() == data.size(), Errc::mismatch,
+                     "{}: host {} sent {} bytes of its part, this host has {}", what, h,
+                     theirs.size(), data.size());
+        for (std::size_t i = 0; i < data.size(); ++i)
+          data[i] |= theirs[i];
+      });
 }
 
 // -------------------------------------------------------------------------------------------

@@ -733,50 +733,49 @@ void share_across_hosts(HostLink& link, int world_size, Collected& out) {
     w.put_bytes(t.raw(), t.nbytes());
   }
   w.put<std::uint8_t>(0);
-  const Bytes mine = w.take();
-  for (int h = 0; h < link.n_hosts(); ++h)
-    if (h != link.host()) link.send(h, fmt::format("{}/{}", key, link.host()), mine);
-  for (int h = 0; h < link.n_hosts(); ++h) {
-    if (h == link.host()) continue;
-    const Bytes theirs = link.receive(fmt::format("{}/{}", key, h), [&] {
-      return fmt::format("host {}'s losses, norms and weights at the end of train", h);
-    });
-    cocemu::detail::ByteReader r(theirs, fmt::format("train's results from host {}", h));
-    for (auto tag = r.get<std::uint8_t>(); tag != 0; tag = r.get<std::uint8_t>()) {
-      if (tag == 1) {
-        const auto it = r.get<std::size_t>(), c = r.get<std::size_t>(), mb = r.get<std::size_t>();
-        out.loss.at(it).at(c).at(mb) = std::make_shared<double>(r.get<double>());
-      } else if (tag == 2) {
-        const auto it = r.get<std::size_t>();
-        out.grad_norm.at(it) = std::make_shared<double>(r.get<double>());
-      } else if (tag == 3) {
-        const auto rank = std::size_t(r.get<int>());
-        out.iteration_first_op.at(rank) = r.get_vector<std::uint32_t>();
-        out.end_op.at(rank) = r.get<std::uint32_t>();
-      } else if (tag == 4) {
-        out.blocks.push_back(r.get<PipelineBlock>());
-      } else if (tag == 5) {
-        PieceRange p;
-        p.what = r.get_string();
-        p.first_op = r.get<std::uint32_t>();
-        p.end_op = r.get<std::uint32_t>();
-        p.rank = r.get<int>();
-        out.pieces.push_back(std::move(p));
-      } else if (tag == 6) {
-        std::string name = r.get_string();
-        const auto dtype = r.get<DType>();
-        std::vector<std::int64_t> dims(std::size_t(r.get<int>()));
-        for (auto& d : dims)
-          d = r.get<std::int64_t>();
-        Tensor t = Tensor::zeros(Shape(std::span<const std::int64_t>(dims)), dtype);
-        std::memcpy(t.raw(), r.take(t.nbytes()), t.nbytes());
-        out.weights[std::move(name)] = std::move(t);
-      } else {
-        throw Error(Errc::mismatch,
-                    fmt::format("train's results from host {}: unknown entry {}", h, int(tag)));
-      }
-    }
-  }
+  link.exchange(
+      key, w.take(),
+      [](int h) {
+        return fmt::format("host {}'s losses, norms and weights at the end of train", h);
+      },
+      [&](int h, const Bytes& theirs) {
+        cocemu::detail::ByteReader r(theirs, fmt::format("train's results from host {}", h));
+        for (auto tag = r.get<std::uint8_t>(); tag != 0; tag = r.get<std::uint8_t>()) {
+          if (tag == 1) {
+            const auto it = r.get<std::size_t>(), c = r.get<std::size_t>(),
+                       mb = r.get<std::size_t>();
+            out.loss.at(it).at(c).at(mb) = std::make_shared<double>(r.get<double>());
+          } else if (tag == 2) {
+            const auto it = r.get<std::size_t>();
+            out.grad_norm.at(it) = std::make_shared<double>(r.get<double>());
+          } else if (tag == 3) {
+            const auto rank = std::size_t(r.get<int>());
+            out.iteration_first_op.at(rank) = r.get_vector<std::uint32_t>();
+            out.end_op.at(rank) = r.get<std::uint32_t>();
+          } else if (tag == 4) {
+            out.blocks.push_back(r.get<PipelineBlock>());
+          } else if (tag == 5) {
+            PieceRange p;
+            p.what = r.get_string();
+            p.first_op = r.get<std::uint32_t>();
+            p.end_op = r.get<std::uint32_t>();
+            p.rank = r.get<int>();
+            out.pieces.push_back(std::move(p));
+          } else if (tag == 6) {
+            std::string name = r.get_string();
+            const auto dtype = r.get<DType>();
+            std::vector<std::int64_t> dims(std::size_t(r.get<int>()));
+            for (auto& d : dims)
+              d = r.get<std::int64_t>();
+            Tensor t = Tensor::zeros(Shape(std::span<const std::int64_t>(dims)), dtype);
+            std::memcpy(t.raw(), r.take(t.nbytes()), t.nbytes());
+            out.weights[std::move(name)] = std::move(t);
+          } else {
+            throw Error(Errc::mismatch,
+                        fmt::format("train's results from host {}: unknown entry {}", h, int(tag)));
+          }
+        }
+      });
 }
 
 }  // namespace

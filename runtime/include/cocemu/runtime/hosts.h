@@ -85,6 +85,13 @@ class HostLink {
   /// once). Waits within the calling thread's WaitScope; `what` names the wait in errors.
   Bytes receive(const std::string& key, const std::function<std::string()>& what);
 
+  /// Every host's message under `key`: sends `mine` to each other host, then calls
+  /// `take(h, theirs)` for each other host h in host order once its message arrived. Every host
+  /// calls it with the same key; `what(h)` names host h's message in errors.
+  void exchange(const std::string& key, const Bytes& mine,
+                const std::function<std::string(int host)>& what,
+                const std::function<void(int host, const Bytes& theirs)>& take);
+
   /// Called when a peer host reports a failure (after its waits here are woken); set by `run`
   /// to abort the world in progress. Cleared with an empty function.
   void on_failure(std::function<void(int host, const std::string& text)> f);
